@@ -1,0 +1,486 @@
+//! ASAP messages (RFC 5352 §2.2): every message type as a typed value, with its flags.
+
+use crate::codec::{Ctx, Reader};
+use crate::config::CodecConfig;
+use crate::error::{DecodeError, EncodeError};
+use crate::message::{flag, flags_of, sealed::Codable, write_message, Message};
+use crate::operation_error::OperationError;
+use crate::params::{
+    encode_cookie, encode_handle_resolution, encode_pe_identifier, encode_pool_handle, Params,
+};
+use crate::policy::PoolPolicy;
+use crate::pool_element::PoolElement;
+use crate::transport::TransportAddress;
+use crate::types::{
+    HandleResolutionOption, ParameterType, PoolElementId, PoolHandle, Protocol, RegistrarId,
+};
+
+/// ASAP message type numbers (RFC 5352 §2.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+#[allow(missing_docs)]
+pub enum AsapMessageType {
+    Registration = 0x01,
+    Deregistration = 0x02,
+    RegistrationResponse = 0x03,
+    DeregistrationResponse = 0x04,
+    HandleResolution = 0x05,
+    HandleResolutionResponse = 0x06,
+    EndpointKeepAlive = 0x07,
+    EndpointKeepAliveAck = 0x08,
+    EndpointUnreachable = 0x09,
+    ServerAnnounce = 0x0a,
+    Cookie = 0x0b,
+    CookieEcho = 0x0c,
+    BusinessCard = 0x0d,
+    Error = 0x0e,
+}
+
+impl AsapMessageType {
+    /// All message types in numeric order.
+    pub const ALL: [AsapMessageType; 14] = [
+        Self::Registration,
+        Self::Deregistration,
+        Self::RegistrationResponse,
+        Self::DeregistrationResponse,
+        Self::HandleResolution,
+        Self::HandleResolutionResponse,
+        Self::EndpointKeepAlive,
+        Self::EndpointKeepAliveAck,
+        Self::EndpointUnreachable,
+        Self::ServerAnnounce,
+        Self::Cookie,
+        Self::CookieEcho,
+        Self::BusinessCard,
+        Self::Error,
+    ];
+
+    /// The type for a number, if known.
+    pub fn from_u8(t: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(t).wrapping_sub(1)).copied()
+    }
+
+    /// The RFC's name, e.g. `ASAP_REGISTRATION`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Registration => "ASAP_REGISTRATION",
+            Self::Deregistration => "ASAP_DEREGISTRATION",
+            Self::RegistrationResponse => "ASAP_REGISTRATION_RESPONSE",
+            Self::DeregistrationResponse => "ASAP_DEREGISTRATION_RESPONSE",
+            Self::HandleResolution => "ASAP_HANDLE_RESOLUTION",
+            Self::HandleResolutionResponse => "ASAP_HANDLE_RESOLUTION_RESPONSE",
+            Self::EndpointKeepAlive => "ASAP_ENDPOINT_KEEP_ALIVE",
+            Self::EndpointKeepAliveAck => "ASAP_ENDPOINT_KEEP_ALIVE_ACK",
+            Self::EndpointUnreachable => "ASAP_ENDPOINT_UNREACHABLE",
+            Self::ServerAnnounce => "ASAP_SERVER_ANNOUNCE",
+            Self::Cookie => "ASAP_COOKIE",
+            Self::CookieEcho => "ASAP_COOKIE_ECHO",
+            Self::BusinessCard => "ASAP_BUSINESS_CARD",
+            Self::Error => "ASAP_ERROR",
+        }
+    }
+}
+
+/// Flag bit 0, named R, S, A or H depending on the message.
+const BIT0: u8 = 0x01;
+
+/// ASAP_REGISTRATION (RFC 5352 §2.2.1): a PE registers or re-registers into a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Registration {
+    /// The pool to join.
+    pub pool_handle: PoolHandle,
+    /// The PE as it describes itself.
+    pub pool_element: PoolElement,
+}
+
+/// ASAP_DEREGISTRATION (RFC 5352 §2.2.2): a PE leaves a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Deregistration {
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// The leaving PE.
+    pub pe_id: PoolElementId,
+}
+
+/// ASAP_REGISTRATION_RESPONSE (RFC 5352 §2.2.3).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RegistrationResponse {
+    /// R flag: the registration was rejected (the Operation Error says why).
+    pub reject: bool,
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// The PE the answer is for.
+    pub pe_id: PoolElementId,
+    /// Why it was rejected, or a warning when `reject` is not set.
+    pub error: Option<OperationError>,
+}
+
+/// ASAP_DEREGISTRATION_RESPONSE (RFC 5352 §2.2.4); also sent when a registration life expires.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeregistrationResponse {
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// The PE.
+    pub pe_id: PoolElementId,
+    /// Why the deregistration failed, if it did.
+    pub error: Option<OperationError>,
+}
+
+/// ASAP_HANDLE_RESOLUTION (RFC 5352 §2.2.5): a PU asks for PEs of a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HandleResolution {
+    /// S flag: subscribe to changes of the pool.
+    pub subscribe: bool,
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// How many PEs the PU wants (Handle Resolution option; absent = the registrar's default).
+    pub option: Option<HandleResolutionOption>,
+}
+
+/// ASAP_HANDLE_RESOLUTION_RESPONSE (RFC 5352 §2.2.6): PEs chosen by the pool's policy, or an
+/// Operation Error (e.g. Unknown Pool Handle) and no PEs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HandleResolutionResponse {
+    /// A flag: the subscription was accepted.
+    pub accepted: bool,
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// The pool's policy (absent means Round Robin).
+    pub overall_policy: Option<PoolPolicy>,
+    /// The selected PEs, in the order the policy chose them.
+    pub pool_elements: Vec<PoolElement>,
+    /// A negative answer's reason.
+    pub error: Option<OperationError>,
+}
+
+/// ASAP_ENDPOINT_KEEP_ALIVE (RFC 5352 §2.2.7): a registrar checks on a PE.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointKeepAlive {
+    /// H flag: the sender asks to become the PE's home registrar (after a takeover).
+    pub home: bool,
+    /// The sending registrar.
+    pub server_id: RegistrarId,
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// The PE (RSPLIB always adds it; RFC 5352 does not have it).
+    pub pe_id: Option<PoolElementId>,
+}
+
+/// ASAP_ENDPOINT_KEEP_ALIVE_ACK (RFC 5352 §2.2.8): the PE answers a keep-alive.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointKeepAliveAck {
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// The answering PE.
+    pub pe_id: PoolElementId,
+}
+
+/// ASAP_ENDPOINT_UNREACHABLE (RFC 5352 §2.2.9): a PU reports a PE it could not reach.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointUnreachable {
+    /// The pool.
+    pub pool_handle: PoolHandle,
+    /// The unreachable PE.
+    pub pe_id: PoolElementId,
+}
+
+/// ASAP_SERVER_ANNOUNCE (RFC 5352 §2.2.10): a registrar announces itself by multicast.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServerAnnounce {
+    /// The announcing registrar.
+    pub server_id: RegistrarId,
+    /// Where it accepts ASAP (none = SCTP on the source address and the well-known port).
+    pub transports: Vec<TransportAddress>,
+}
+
+/// ASAP_COOKIE (RFC 5352 §2.2.11): a PE hands its PU a state cookie.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Cookie {
+    /// The cookie, opaque to the PU.
+    pub cookie: Vec<u8>,
+}
+
+/// ASAP_COOKIE_ECHO (RFC 5352 §2.2.12): after failover the PU gives the last cookie to the new PE.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CookieEcho {
+    /// The cookie as last received.
+    pub cookie: Vec<u8>,
+}
+
+/// ASAP_BUSINESS_CARD (RFC 5352 §2.2.13): a PE tells its peer which PEs to fail over to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BusinessCard {
+    /// The sender's pool.
+    pub pool_handle: PoolHandle,
+    /// PEs in failover order.
+    pub pool_elements: Vec<PoolElement>,
+}
+
+/// ASAP_ERROR (RFC 5352 §2.2.14): reports an unrecognized or invalid message or parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AsapError {
+    /// What went wrong.
+    pub error: OperationError,
+}
+
+/// Any ASAP message.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum AsapMessage {
+    Registration(Registration),
+    Deregistration(Deregistration),
+    RegistrationResponse(RegistrationResponse),
+    DeregistrationResponse(DeregistrationResponse),
+    HandleResolution(HandleResolution),
+    HandleResolutionResponse(HandleResolutionResponse),
+    EndpointKeepAlive(EndpointKeepAlive),
+    EndpointKeepAliveAck(EndpointKeepAliveAck),
+    EndpointUnreachable(EndpointUnreachable),
+    ServerAnnounce(ServerAnnounce),
+    Cookie(Cookie),
+    CookieEcho(CookieEcho),
+    BusinessCard(BusinessCard),
+    Error(AsapError),
+}
+
+impl AsapMessage {
+    /// The message's type.
+    pub fn kind(&self) -> AsapMessageType {
+        use AsapMessage as M;
+        use AsapMessageType as T;
+        match self {
+            M::Registration(_) => T::Registration,
+            M::Deregistration(_) => T::Deregistration,
+            M::RegistrationResponse(_) => T::RegistrationResponse,
+            M::DeregistrationResponse(_) => T::DeregistrationResponse,
+            M::HandleResolution(_) => T::HandleResolution,
+            M::HandleResolutionResponse(_) => T::HandleResolutionResponse,
+            M::EndpointKeepAlive(_) => T::EndpointKeepAlive,
+            M::EndpointKeepAliveAck(_) => T::EndpointKeepAliveAck,
+            M::EndpointUnreachable(_) => T::EndpointUnreachable,
+            M::ServerAnnounce(_) => T::ServerAnnounce,
+            M::Cookie(_) => T::Cookie,
+            M::CookieEcho(_) => T::CookieEcho,
+            M::BusinessCard(_) => T::BusinessCard,
+            M::Error(_) => T::Error,
+        }
+    }
+
+    /// The pool handle the message is about, if it carries one.
+    pub fn pool_handle(&self) -> Option<&PoolHandle> {
+        use AsapMessage as M;
+        match self {
+            M::Registration(m) => Some(&m.pool_handle),
+            M::Deregistration(m) => Some(&m.pool_handle),
+            M::RegistrationResponse(m) => Some(&m.pool_handle),
+            M::DeregistrationResponse(m) => Some(&m.pool_handle),
+            M::HandleResolution(m) => Some(&m.pool_handle),
+            M::HandleResolutionResponse(m) => Some(&m.pool_handle),
+            M::EndpointKeepAlive(m) => Some(&m.pool_handle),
+            M::EndpointKeepAliveAck(m) => Some(&m.pool_handle),
+            M::EndpointUnreachable(m) => Some(&m.pool_handle),
+            M::BusinessCard(m) => Some(&m.pool_handle),
+            M::ServerAnnounce(_) | M::Cookie(_) | M::CookieEcho(_) | M::Error(_) => None,
+        }
+    }
+}
+
+impl Message for AsapMessage {
+    const PROTOCOL: Protocol = Protocol::Asap;
+
+    fn message_type(&self) -> u8 {
+        self.kind() as u8
+    }
+
+    fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+fn pool_handle(p: &mut Params, ctx: &Ctx<'_>) -> Result<PoolHandle, DecodeError> {
+    p.required(ctx, ParameterType::POOL_HANDLE, Params::pool_handle)
+}
+
+fn pe_id(p: &mut Params, ctx: &Ctx<'_>) -> Result<PoolElementId, DecodeError> {
+    p.required(ctx, ParameterType::PE_IDENTIFIER, Params::pe_identifier)
+}
+
+impl Codable for AsapMessage {
+    fn is_known_type(t: u8) -> bool {
+        AsapMessageType::from_u8(t).is_some()
+    }
+
+    fn decode_body<'a>(
+        ctx: &mut Ctx<'a>,
+        message_type: u8,
+        flags: u8,
+        mut body: Reader<'a>,
+    ) -> Result<Self, DecodeError> {
+        use AsapMessageType as T;
+        let kind = AsapMessageType::from_u8(message_type).expect("checked by is_known_type");
+        // Keep-alive and server announce start with a fixed Server Identifier field.
+        let server_id = match kind {
+            T::EndpointKeepAlive | T::ServerAnnounce => Some(RegistrarId(body.u32(ctx)?)),
+            _ => None,
+        };
+        let mut p = Params::read(ctx, body)?;
+        let c = &*ctx;
+        let m = match kind {
+            T::Registration => AsapMessage::Registration(Registration {
+                pool_handle: pool_handle(&mut p, c)?,
+                pool_element: p.required(c, ParameterType::POOL_ELEMENT, Params::pool_element)?,
+            }),
+            T::Deregistration => AsapMessage::Deregistration(Deregistration {
+                pool_handle: pool_handle(&mut p, c)?,
+                pe_id: pe_id(&mut p, c)?,
+            }),
+            T::RegistrationResponse => AsapMessage::RegistrationResponse(RegistrationResponse {
+                reject: flag(flags, BIT0),
+                pool_handle: pool_handle(&mut p, c)?,
+                pe_id: pe_id(&mut p, c)?,
+                error: p.operation_error(),
+            }),
+            T::DeregistrationResponse => {
+                AsapMessage::DeregistrationResponse(DeregistrationResponse {
+                    pool_handle: pool_handle(&mut p, c)?,
+                    pe_id: pe_id(&mut p, c)?,
+                    error: p.operation_error(),
+                })
+            }
+            T::HandleResolution => AsapMessage::HandleResolution(HandleResolution {
+                subscribe: flag(flags, BIT0),
+                pool_handle: pool_handle(&mut p, c)?,
+                option: p.handle_resolution(),
+            }),
+            T::HandleResolutionResponse => {
+                AsapMessage::HandleResolutionResponse(HandleResolutionResponse {
+                    accepted: flag(flags, BIT0),
+                    pool_handle: pool_handle(&mut p, c)?,
+                    overall_policy: p.policy(),
+                    pool_elements: p.all(Params::pool_element),
+                    error: p.operation_error(),
+                })
+            }
+            T::EndpointKeepAlive => AsapMessage::EndpointKeepAlive(EndpointKeepAlive {
+                home: flag(flags, BIT0),
+                server_id: server_id.expect("read above"),
+                pool_handle: pool_handle(&mut p, c)?,
+                pe_id: p.pe_identifier(),
+            }),
+            T::EndpointKeepAliveAck => AsapMessage::EndpointKeepAliveAck(EndpointKeepAliveAck {
+                pool_handle: pool_handle(&mut p, c)?,
+                pe_id: pe_id(&mut p, c)?,
+            }),
+            T::EndpointUnreachable => AsapMessage::EndpointUnreachable(EndpointUnreachable {
+                pool_handle: pool_handle(&mut p, c)?,
+                pe_id: pe_id(&mut p, c)?,
+            }),
+            T::ServerAnnounce => AsapMessage::ServerAnnounce(ServerAnnounce {
+                server_id: server_id.expect("read above"),
+                transports: p.all(Params::transport),
+            }),
+            T::Cookie => AsapMessage::Cookie(Cookie {
+                cookie: p.required(c, ParameterType::COOKIE, Params::cookie)?,
+            }),
+            T::CookieEcho => AsapMessage::CookieEcho(CookieEcho {
+                cookie: p.required(c, ParameterType::COOKIE, Params::cookie)?,
+            }),
+            T::BusinessCard => AsapMessage::BusinessCard(BusinessCard {
+                pool_handle: pool_handle(&mut p, c)?,
+                pool_elements: p.all(Params::pool_element),
+            }),
+            T::Error => AsapMessage::Error(AsapError {
+                error: p.required(c, ParameterType::OPERATION_ERROR, Params::operation_error)?,
+            }),
+        };
+        p.finish(c)?;
+        Ok(m)
+    }
+
+    fn encode_message(&self, buf: &mut Vec<u8>, config: &CodecConfig) -> Result<(), EncodeError> {
+        use AsapMessage as M;
+        let flags = match self {
+            M::RegistrationResponse(m) => flags_of(&[(BIT0, m.reject)]),
+            M::HandleResolution(m) => flags_of(&[(BIT0, m.subscribe)]),
+            M::HandleResolutionResponse(m) => flags_of(&[(BIT0, m.accepted)]),
+            M::EndpointKeepAlive(m) => flags_of(&[(BIT0, m.home)]),
+            _ => 0,
+        };
+        write_message(buf, config, self.message_type(), flags, |w| {
+            match self {
+                M::Registration(m) => {
+                    encode_pool_handle(w, &m.pool_handle)?;
+                    m.pool_element.encode(w, config)?;
+                }
+                M::Deregistration(m) => {
+                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pe_identifier(w, m.pe_id)?;
+                }
+                M::RegistrationResponse(RegistrationResponse {
+                    pool_handle,
+                    pe_id,
+                    error,
+                    ..
+                })
+                | M::DeregistrationResponse(DeregistrationResponse {
+                    pool_handle,
+                    pe_id,
+                    error,
+                }) => {
+                    encode_pool_handle(w, pool_handle)?;
+                    encode_pe_identifier(w, *pe_id)?;
+                    if let Some(e) = error {
+                        e.encode(w)?;
+                    }
+                }
+                M::HandleResolution(m) => {
+                    encode_pool_handle(w, &m.pool_handle)?;
+                    if let Some(o) = m.option {
+                        encode_handle_resolution(w, o)?;
+                    }
+                }
+                M::HandleResolutionResponse(m) => {
+                    encode_pool_handle(w, &m.pool_handle)?;
+                    if let Some(policy) = &m.overall_policy {
+                        policy.encode(w)?;
+                    }
+                    for pe in &m.pool_elements {
+                        pe.encode(w, config)?;
+                    }
+                    if let Some(e) = &m.error {
+                        e.encode(w)?;
+                    }
+                }
+                M::EndpointKeepAlive(m) => {
+                    w.u32(m.server_id.0);
+                    encode_pool_handle(w, &m.pool_handle)?;
+                    if let Some(id) = m.pe_id {
+                        encode_pe_identifier(w, id)?;
+                    }
+                }
+                M::EndpointKeepAliveAck(EndpointKeepAliveAck { pool_handle, pe_id })
+                | M::EndpointUnreachable(EndpointUnreachable { pool_handle, pe_id }) => {
+                    encode_pool_handle(w, pool_handle)?;
+                    encode_pe_identifier(w, *pe_id)?;
+                }
+                M::ServerAnnounce(m) => {
+                    w.u32(m.server_id.0);
+                    for t in &m.transports {
+                        t.encode(w)?;
+                    }
+                }
+                M::Cookie(Cookie { cookie }) | M::CookieEcho(CookieEcho { cookie }) => {
+                    encode_cookie(w, cookie)?;
+                }
+                M::BusinessCard(m) => {
+                    encode_pool_handle(w, &m.pool_handle)?;
+                    for pe in &m.pool_elements {
+                        pe.encode(w, config)?;
+                    }
+                }
+                M::Error(m) => m.error.encode(w)?,
+            }
+            Ok(())
+        })
+    }
+}
