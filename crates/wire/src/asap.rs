@@ -16,7 +16,7 @@ use crate::types::{
 };
 
 /// ASAP message type numbers (RFC 5352 §2.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 #[allow(missing_docs)]
 pub enum AsapMessageType {

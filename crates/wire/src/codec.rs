@@ -216,6 +216,15 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Encodes one parameter on its own (header, value, padding).
+pub(crate) fn parameter_bytes(
+    f: impl FnOnce(&mut Writer<'_>) -> Result<(), EncodeError>,
+) -> Result<Vec<u8>, EncodeError> {
+    let mut buf = Vec::new();
+    f(&mut Writer::parameters(&mut buf))?;
+    Ok(buf)
+}
+
 /// Appends a message to a buffer: header, TLVs with their lengths filled in on completion, and
 /// zero padding.
 pub(crate) struct Writer<'a> {
@@ -228,6 +237,12 @@ impl<'a> Writer<'a> {
     pub fn message(buf: &'a mut Vec<u8>, message_type: u8, flags: u8) -> Self {
         let start = buf.len();
         buf.extend_from_slice(&[message_type, flags, 0, 0]);
+        Writer { buf, start }
+    }
+
+    /// A writer for bare parameters (no message header), e.g. to quote one in an error cause.
+    pub fn parameters(buf: &'a mut Vec<u8>) -> Self {
+        let start = buf.len();
         Writer { buf, start }
     }
 

@@ -49,7 +49,7 @@ impl LifeUnit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CodecConfig {
     /// Largest message, in bytes, that is decoded or encoded. At most 65 535 (the length field is
-    /// 16 bits); the default is that maximum, so a Cookie of up to 65 527 bytes fits.
+    /// 16 bits); the default is that maximum, so a Cookie of up to 65 524 bytes fits.
     pub max_message_size: usize,
     /// Largest pool handle in bytes. RSPLIB's limit is 32 (`MAX_POOLHANDLESIZE`), the default.
     pub max_pool_handle_size: usize,

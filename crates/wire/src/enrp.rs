@@ -8,12 +8,12 @@ use crate::config::CodecConfig;
 use crate::error::{DecodeError, DecodeErrorKind, EncodeError};
 use crate::message::{flag, flags_of, sealed::Codable, write_message, Message};
 use crate::operation_error::OperationError;
-use crate::params::{encode_pe_checksum, encode_pool_handle, Param, Params};
+use crate::params::{encode_pe_checksum, encode_pool_handle, Parameter, Params};
 use crate::pool_element::{PoolElement, ServerInformation};
 use crate::types::{ParameterType, PeChecksum, PoolHandle, Protocol, RegistrarId};
 
 /// ENRP message type numbers (RFC 5353 §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 #[allow(missing_docs)]
 pub enum EnrpMessageType {
@@ -252,11 +252,11 @@ fn handle_table_entries(ctx: &Ctx<'_>, p: Params) -> Result<Vec<HandleTableEntry
     let mut entries: Vec<HandleTableEntry> = Vec::new();
     for item in p.into_items() {
         match item.param {
-            Param::PoolHandle(pool_handle) => entries.push(HandleTableEntry {
+            Parameter::PoolHandle(pool_handle) => entries.push(HandleTableEntry {
                 pool_handle,
                 pool_elements: Vec::new(),
             }),
-            Param::PoolElement(pe) => match entries.last_mut() {
+            Parameter::PoolElement(pe) => match entries.last_mut() {
                 Some(e) => e.pool_elements.push(pe),
                 None => {
                     let mut e = ctx.err(

@@ -32,6 +32,9 @@ mod pool_element;
 mod transport;
 mod types;
 
+#[cfg(feature = "arbitrary")]
+pub mod arbitrary;
+
 pub use asap::AsapMessage;
 pub use codec::UnrecognizedParameter;
 pub use config::{CodecConfig, LifeUnit, MAX_WIRE_LENGTH};
@@ -39,6 +42,7 @@ pub use enrp::EnrpMessage;
 pub use error::{DecodeError, DecodeErrorKind, EncodeError, Span};
 pub use message::{Codec, Decoded, Message};
 pub use operation_error::{CauseCode, ErrorCause, OperationError};
+pub use params::Parameter;
 pub use policy::{PolicyType, PoolPolicy};
 pub use pool_element::{PoolElement, RegistrationLife, ServerInformation};
 pub use transport::{TransportAddress, TransportProtocol, TransportUse, UserTransport};

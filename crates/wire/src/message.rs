@@ -4,6 +4,7 @@
 use crate::codec::{padded, Ctx, Reader, UnrecognizedParameter, Writer, HEADER_LEN};
 use crate::config::CodecConfig;
 use crate::error::{DecodeError, DecodeErrorKind, EncodeError};
+use crate::params::Parameter;
 use crate::types::Protocol;
 
 pub(crate) mod sealed {
@@ -170,6 +171,51 @@ impl Codec {
         message.encode_message(buf, &self.config).inspect_err(|_| {
             buf.truncate(start);
         })
+    }
+
+    /// Decodes a sequence of parameters on their own (for instance the parameter quoted in an
+    /// error cause). `protocol` only names the context in errors.
+    pub fn decode_parameters(
+        &self,
+        protocol: Protocol,
+        bytes: &[u8],
+    ) -> Result<Decoded<Vec<Parameter>>, DecodeError> {
+        let mut ctx = Ctx {
+            msg: bytes,
+            config: &self.config,
+            protocol,
+            message_type: None,
+            unrecognized: Vec::new(),
+        };
+        let limit = self.config.message_limit();
+        if bytes.len() > limit {
+            return Err(ctx.err(
+                0,
+                DecodeErrorKind::MessageTooLarge {
+                    length: bytes.len(),
+                    limit,
+                },
+            ));
+        }
+        let mut r = ctx.reader(0, bytes.len());
+        let mut params = Vec::new();
+        while let Some(tlv) = r.next_tlv(&mut ctx)? {
+            params.push(Parameter::decode(&mut ctx, &tlv)?);
+        }
+        Ok(Decoded {
+            message: params,
+            unrecognized: ctx.unrecognized,
+        })
+    }
+
+    /// Encodes parameters on their own, each padded to 4 bytes.
+    pub fn encode_parameters(&self, params: &[Parameter]) -> Result<Vec<u8>, EncodeError> {
+        let mut buf = Vec::new();
+        let mut w = Writer::parameters(&mut buf);
+        for p in params {
+            p.encode(&mut w, &self.config)?;
+        }
+        Ok(buf)
     }
 
     /// Length of the message whose header starts `bytes`, for framing a byte stream (RFC 5352

@@ -2,26 +2,43 @@
 //! to each message's decoder.
 
 use crate::codec::{in_param, Ctx, Reader, Tlv, Writer};
+use crate::config::CodecConfig;
 use crate::error::{DecodeError, DecodeErrorKind, EncodeError, Span};
 use crate::operation_error::OperationError;
 use crate::policy::PoolPolicy;
 use crate::pool_element::{PoolElement, ServerInformation};
-use crate::transport::{TransportAddress, UserTransport};
+use crate::transport::{decode_address, encode_address, TransportAddress};
 use crate::types::{HandleResolutionOption, ParameterType, PeChecksum, PoolElementId, PoolHandle};
+use std::net::IpAddr;
 
-/// A decoded top-level parameter.
-#[derive(Debug)]
-pub enum Param {
-    PoolHandle(PoolHandle),
-    PoolElement(PoolElement),
-    PeIdentifier(PoolElementId),
-    Policy(PoolPolicy),
-    OperationError(OperationError),
-    Cookie(Vec<u8>),
-    ServerInformation(ServerInformation),
-    PeChecksum(PeChecksum),
-    HandleResolution(HandleResolutionOption),
+/// Any parameter of RFC 5354 (and the Handle Resolution option) on its own: what
+/// [`crate::Codec::decode_parameters`] returns, e.g. for a parameter quoted in an error cause.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Parameter {
+    /// IPv4 or IPv6 Address.
+    Address(IpAddr),
+    /// SCTP, TCP, UDP, UDP-Lite or DCCP Transport.
     Transport(TransportAddress),
+    /// Opaque Transport.
+    OpaqueTransport(Vec<u8>),
+    /// Pool Member Selection Policy.
+    Policy(PoolPolicy),
+    /// Pool Handle.
+    PoolHandle(PoolHandle),
+    /// Pool Element.
+    PoolElement(PoolElement),
+    /// Server Information.
+    ServerInformation(ServerInformation),
+    /// Operation Error.
+    OperationError(OperationError),
+    /// Cookie.
+    Cookie(Vec<u8>),
+    /// PE Identifier.
+    PeIdentifier(PoolElementId),
+    /// PE Checksum.
+    PeChecksum(PeChecksum),
+    /// Handle Resolution option.
+    HandleResolution(HandleResolutionOption),
 }
 
 fn fixed<'a, const N: usize>(
@@ -43,8 +60,49 @@ fn fixed<'a, const N: usize>(
     })
 }
 
-impl Param {
-    fn decode(ctx: &mut Ctx<'_>, tlv: &Tlv<'_>) -> Result<Param, DecodeError> {
+impl Parameter {
+    /// The parameter's type.
+    pub fn parameter_type(&self) -> ParameterType {
+        match self {
+            Parameter::Address(IpAddr::V4(_)) => ParameterType::IPV4_ADDRESS,
+            Parameter::Address(IpAddr::V6(_)) => ParameterType::IPV6_ADDRESS,
+            Parameter::Transport(t) => t.protocol.parameter_type(),
+            Parameter::OpaqueTransport(_) => ParameterType::OPAQUE_TRANSPORT,
+            Parameter::Policy(_) => ParameterType::POOL_MEMBER_SELECTION_POLICY,
+            Parameter::PoolHandle(_) => ParameterType::POOL_HANDLE,
+            Parameter::PoolElement(_) => ParameterType::POOL_ELEMENT,
+            Parameter::ServerInformation(_) => ParameterType::SERVER_INFORMATION,
+            Parameter::OperationError(_) => ParameterType::OPERATION_ERROR,
+            Parameter::Cookie(_) => ParameterType::COOKIE,
+            Parameter::PeIdentifier(_) => ParameterType::PE_IDENTIFIER,
+            Parameter::PeChecksum(_) => ParameterType::PE_CHECKSUM,
+            Parameter::HandleResolution(_) => ParameterType::HANDLE_RESOLUTION,
+        }
+    }
+
+    /// Appends the encoded parameter (header, value, padding).
+    pub(crate) fn encode(
+        &self,
+        w: &mut Writer<'_>,
+        config: &CodecConfig,
+    ) -> Result<(), EncodeError> {
+        match self {
+            Parameter::Address(a) => encode_address(w, a),
+            Parameter::Transport(t) => t.encode(w),
+            Parameter::OpaqueTransport(b) => w.tlv(ParameterType::OPAQUE_TRANSPORT, b),
+            Parameter::Policy(p) => p.encode(w),
+            Parameter::PoolHandle(h) => encode_pool_handle(w, h),
+            Parameter::PoolElement(pe) => pe.encode(w, config),
+            Parameter::ServerInformation(s) => s.encode(w),
+            Parameter::OperationError(e) => e.encode(w),
+            Parameter::Cookie(c) => encode_cookie(w, c),
+            Parameter::PeIdentifier(id) => encode_pe_identifier(w, *id),
+            Parameter::PeChecksum(c) => encode_pe_checksum(w, *c),
+            Parameter::HandleResolution(o) => encode_handle_resolution(w, *o),
+        }
+    }
+
+    pub(crate) fn decode(ctx: &mut Ctx<'_>, tlv: &Tlv<'_>) -> Result<Parameter, DecodeError> {
         Ok(match tlv.ptype {
             ParameterType::POOL_HANDLE => {
                 let len = tlv.value.len();
@@ -73,37 +131,35 @@ impl Param {
                         tlv,
                     ));
                 }
-                Param::PoolHandle(PoolHandle::new(tlv.value))
+                Parameter::PoolHandle(PoolHandle::new(tlv.value))
             }
-            ParameterType::POOL_ELEMENT => Param::PoolElement(PoolElement::decode(ctx, tlv)?),
+            ParameterType::POOL_ELEMENT => Parameter::PoolElement(PoolElement::decode(ctx, tlv)?),
             ParameterType::PE_IDENTIFIER => {
-                Param::PeIdentifier(PoolElementId(u32::from_be_bytes(fixed(ctx, tlv, "8")?)))
+                Parameter::PeIdentifier(PoolElementId(u32::from_be_bytes(fixed(ctx, tlv, "8")?)))
             }
             ParameterType::POOL_MEMBER_SELECTION_POLICY => {
-                Param::Policy(PoolPolicy::decode(ctx, tlv)?)
+                Parameter::Policy(PoolPolicy::decode(ctx, tlv)?)
             }
             ParameterType::OPERATION_ERROR => {
-                Param::OperationError(OperationError::decode(ctx, tlv)?)
+                Parameter::OperationError(OperationError::decode(ctx, tlv)?)
             }
-            ParameterType::COOKIE => Param::Cookie(tlv.value.to_vec()),
+            ParameterType::COOKIE => Parameter::Cookie(tlv.value.to_vec()),
             ParameterType::SERVER_INFORMATION => {
-                Param::ServerInformation(ServerInformation::decode(ctx, tlv)?)
+                Parameter::ServerInformation(ServerInformation::decode(ctx, tlv)?)
             }
             ParameterType::PE_CHECKSUM => {
-                Param::PeChecksum(PeChecksum(u16::from_be_bytes(fixed(ctx, tlv, "6")?)))
+                Parameter::PeChecksum(PeChecksum(u16::from_be_bytes(fixed(ctx, tlv, "6")?)))
             }
-            ParameterType::HANDLE_RESOLUTION => Param::HandleResolution(HandleResolutionOption {
-                items: u32::from_be_bytes(fixed(ctx, tlv, "8")?),
-            }),
-            t if UserTransport::is_user_transport(t) && t != ParameterType::OPAQUE_TRANSPORT => {
-                Param::Transport(TransportAddress::decode(ctx, tlv)?)
+            ParameterType::HANDLE_RESOLUTION => {
+                Parameter::HandleResolution(HandleResolutionOption {
+                    items: u32::from_be_bytes(fixed(ctx, tlv, "8")?),
+                })
             }
-            other => {
-                return Err(in_param(
-                    ctx.err(tlv.offset, DecodeErrorKind::UnexpectedParameter(other)),
-                    tlv,
-                ))
+            ParameterType::OPAQUE_TRANSPORT => Parameter::OpaqueTransport(tlv.value.to_vec()),
+            ParameterType::IPV4_ADDRESS | ParameterType::IPV6_ADDRESS => {
+                Parameter::Address(decode_address(ctx, tlv)?)
             }
+            _ => Parameter::Transport(TransportAddress::decode(ctx, tlv)?),
         })
     }
 }
@@ -143,7 +199,7 @@ pub fn encode_handle_resolution(
 pub struct Located {
     pub ptype: ParameterType,
     pub span: Span,
-    pub param: Param,
+    pub param: Parameter,
 }
 
 /// All top-level parameters of a message, in order, from which each message's decoder takes
@@ -160,9 +216,9 @@ macro_rules! take_fn {
             let i = self
                 .items
                 .iter()
-                .position(|l| matches!(l.param, Param::$variant(_)))?;
+                .position(|l| matches!(l.param, Parameter::$variant(_)))?;
             match self.items.remove(i).param {
-                Param::$variant(v) => Some(v),
+                Parameter::$variant(v) => Some(v),
                 _ => unreachable!("position matched the variant"),
             }
         }
@@ -175,7 +231,7 @@ impl Params {
         let end = r.end;
         let mut items = Vec::new();
         while let Some(tlv) = r.next_tlv(ctx)? {
-            let param = Param::decode(ctx, &tlv)?;
+            let param = Parameter::decode(ctx, &tlv)?;
             items.push(Located {
                 ptype: tlv.ptype,
                 span: tlv.span(),

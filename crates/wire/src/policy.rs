@@ -426,6 +426,12 @@ impl PoolPolicy {
         }
     }
 
+    /// The Pool Member Selection Policy parameter on its own, e.g. to quote it in the error cause
+    /// "Inconsistent Pooling Policy" (RFC 5354 §3.12).
+    pub fn to_parameter(&self) -> Result<Vec<u8>, EncodeError> {
+        crate::codec::parameter_bytes(|w| self.encode(w))
+    }
+
     pub(crate) fn decode(ctx: &mut Ctx<'_>, tlv: &Tlv<'_>) -> Result<Self, DecodeError> {
         let mut r = ctx.reader(tlv.value_offset(), tlv.end());
         let result = (|| {

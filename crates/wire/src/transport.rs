@@ -268,6 +268,12 @@ impl UserTransport {
         }
     }
 
+    /// The transport parameter on its own, e.g. to quote it in the error cause "Inconsistent
+    /// Transport Type" (RFC 5354 §3.12).
+    pub fn to_parameter(&self) -> Result<Vec<u8>, EncodeError> {
+        crate::codec::parameter_bytes(|w| self.encode(w))
+    }
+
     pub(crate) fn is_user_transport(t: ParameterType) -> bool {
         matches!(
             t,

@@ -162,7 +162,13 @@ impl Fields {
                     | CauseCode::InconsistentTransportType
             );
             if quotes_parameter && c.info.len() >= 4 {
-                self.ptype(u16::from_be_bytes([c.info[0], c.info[1]]));
+                let t = u16::from_be_bytes([c.info[0], c.info[1]]);
+                self.ptype(t);
+                // Wireshark dissects the quoted parameter; the tests quote value-less policies.
+                if t == 0x0008 && c.info.len() >= 8 {
+                    let p = u32::from_be_bytes([c.info[4], c.info[5], c.info[6], c.info[7]]);
+                    self.push("pool_member_selection_policy_type", Self::id(p));
+                }
             }
         }
     }

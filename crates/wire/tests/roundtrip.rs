@@ -1,0 +1,98 @@
+//! Property tests: every typed message survives encode → decode unchanged, every encoding survives
+//! decode → encode byte for byte, and no input, however damaged, makes the decoder panic.
+
+use proptest::prelude::*;
+use rserpool_wire::arbitrary::{asap_message, enrp_message, parameter};
+use rserpool_wire::{AsapMessage, Codec, CodecConfig, EnrpMessage, LifeUnit, Message, Protocol};
+
+fn roundtrip<M: Message>(codec: &Codec, m: &M) -> Result<(), TestCaseError> {
+    let bytes = codec.encode(m).expect("valid messages encode");
+    prop_assert_eq!(bytes.len() % 4, 0, "messages are padded to 4 bytes");
+    let decoded = codec.decode::<M>(&bytes).expect("own encodings decode");
+    prop_assert!(decoded.unrecognized.is_empty());
+    prop_assert_eq!(&decoded.message, m);
+    prop_assert_eq!(codec.encode(&decoded.message).unwrap(), bytes);
+    Ok(())
+}
+
+/// Damages a valid encoding in one of several ways; whatever comes out must not panic the
+/// decoder, and if it still decodes, its re-encoding must decode to the same message.
+fn mutated<M: Message>(codec: &Codec, bytes: &[u8], edits: &[(usize, u8, u8)]) {
+    let mut b = bytes.to_vec();
+    for &(pos, kind, value) in edits {
+        if b.is_empty() {
+            break;
+        }
+        let i = pos % b.len();
+        match kind % 4 {
+            0 => b[i] = value,
+            1 => b[i] ^= 1 << (value % 8),
+            2 => b.truncate(i),
+            _ => b.insert(i, value),
+        }
+    }
+    if let Ok(d) = codec.decode::<M>(&b) {
+        let again = codec.encode(&d.message).expect("a decoded message encodes");
+        let d2 = codec.decode::<M>(&again).expect("and decodes again");
+        assert_eq!(d2.message, d.message);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn asap_roundtrip_ms(m in asap_message(LifeUnit::Milliseconds)) {
+        roundtrip(&Codec::default(), &m)?;
+    }
+
+    #[test]
+    fn enrp_roundtrip_ms(m in enrp_message(LifeUnit::Milliseconds)) {
+        roundtrip(&Codec::default(), &m)?;
+    }
+
+    #[test]
+    fn asap_roundtrip_seconds(m in asap_message(LifeUnit::Seconds)) {
+        roundtrip(&Codec::new(CodecConfig::rfc()), &m)?;
+    }
+
+    #[test]
+    fn enrp_roundtrip_seconds(m in enrp_message(LifeUnit::Seconds)) {
+        roundtrip(&Codec::new(CodecConfig::rfc()), &m)?;
+    }
+
+    #[test]
+    fn damaged_asap_never_panics(
+        m in asap_message(LifeUnit::Milliseconds),
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 1..4),
+    ) {
+        let codec = Codec::default();
+        mutated::<AsapMessage>(&codec, &codec.encode(&m).unwrap(), &edits);
+    }
+
+    #[test]
+    fn damaged_enrp_never_panics(
+        m in enrp_message(LifeUnit::Milliseconds),
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 1..4),
+    ) {
+        let codec = Codec::default();
+        mutated::<EnrpMessage>(&codec, &codec.encode(&m).unwrap(), &edits);
+    }
+
+    #[test]
+    fn parameters_roundtrip(ps in proptest::collection::vec(parameter(LifeUnit::Milliseconds), 0..6)) {
+        let codec = Codec::default();
+        let bytes = codec.encode_parameters(&ps).unwrap();
+        let decoded = codec.decode_parameters(Protocol::Asap, &bytes).unwrap();
+        prop_assert_eq!(&decoded.message, &ps);
+        prop_assert_eq!(codec.encode_parameters(&decoded.message).unwrap(), bytes);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let codec = Codec::default();
+        let _ = codec.decode::<AsapMessage>(&b);
+        let _ = codec.decode::<EnrpMessage>(&b);
+        let _ = codec.decode_parameters(Protocol::Enrp, &b);
+    }
+}
