@@ -17,9 +17,16 @@ pub struct DecodeArgs {
     /// Unit of the Registration Life field: ms (RSPLIB, Wireshark) or s (RFC 5354 text).
     #[arg(long, default_value = "ms", value_parser = ["ms", "s"])]
     life_unit: String,
+    /// Print every field of each message (Rust's debug layout) instead of one line.
+    #[arg(long, short)]
+    verbose: bool,
     /// Print each message's bytes in hex too.
     #[arg(long)]
     hex: bool,
+    /// Also write each message's bytes into DIR as `asap-FRAME-N` / `enrp-FRAME-N` (e.g. to seed
+    /// the fuzzers).
+    #[arg(long, value_name = "DIR")]
+    extract: Option<PathBuf>,
 }
 
 /// The demo for now: decode the bundled RSPLIB capture.
@@ -29,6 +36,8 @@ pub fn demo() -> Result<()> {
         file: None,
         life_unit: "ms".into(),
         hex: false,
+        verbose: false,
+        extract: None,
     })
 }
 
@@ -52,15 +61,35 @@ pub fn run(args: &DecodeArgs) -> Result<()> {
         },
         ..CodecConfig::default()
     });
+    if let Some(dir) = &args.extract {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     let (mut ok, mut bad) = (0usize, 0usize);
-    for m in &messages {
+    for (i, m) in messages.iter().enumerate() {
+        if let Some(dir) = &args.extract {
+            let proto = match m.protocol {
+                Protocol::Asap => "asap",
+                Protocol::Enrp => "enrp",
+            };
+            let path = dir.join(format!("{proto}-{}-{i}", m.frame));
+            std::fs::write(&path, &m.bytes)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         let decoded = match m.protocol {
-            Protocol::Asap => codec
-                .decode::<AsapMessage>(&m.bytes)
-                .map(|d| format!("{:#?}", d.message)),
-            Protocol::Enrp => codec
-                .decode::<EnrpMessage>(&m.bytes)
-                .map(|d| format!("{:#?}", d.message)),
+            Protocol::Asap => codec.decode::<AsapMessage>(&m.bytes).map(|d| {
+                if args.verbose {
+                    format!("{:#?}", d.message)
+                } else {
+                    d.message.to_string()
+                }
+            }),
+            Protocol::Enrp => codec.decode::<EnrpMessage>(&m.bytes).map(|d| {
+                if args.verbose {
+                    format!("{:#?}", d.message)
+                } else {
+                    d.message.to_string()
+                }
+            }),
         };
         println!(
             "frame {} {} -> {} ({}, {} bytes)",

@@ -484,3 +484,82 @@ impl Codable for AsapMessage {
         })
     }
 }
+
+impl std::fmt::Display for AsapMessage {
+    /// One line: the message name and its contents, for logs and `rserpool decode`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use AsapMessage as M;
+        write!(f, "{}", self.name())?;
+        let err = |f: &mut std::fmt::Formatter<'_>, e: &Option<OperationError>| match e {
+            Some(e) => write!(f, " error [{e}]"),
+            None => Ok(()),
+        };
+        match self {
+            M::Registration(m) => write!(f, " pool {} {}", m.pool_handle, m.pool_element),
+            M::Deregistration(m) => write!(f, " pool {} PE {}", m.pool_handle, m.pe_id),
+            M::RegistrationResponse(m) => {
+                write!(f, " pool {} PE {}", m.pool_handle, m.pe_id)?;
+                if m.reject {
+                    f.write_str(" REJECTED")?;
+                }
+                err(f, &m.error)
+            }
+            M::DeregistrationResponse(m) => {
+                write!(f, " pool {} PE {}", m.pool_handle, m.pe_id)?;
+                err(f, &m.error)
+            }
+            M::HandleResolution(m) => {
+                write!(f, " pool {}", m.pool_handle)?;
+                if m.subscribe {
+                    f.write_str(" subscribe")?;
+                }
+                match m.option {
+                    Some(o) if o.items == HandleResolutionOption::ALL => f.write_str(" items all"),
+                    Some(o) => write!(f, " items {}", o.items),
+                    None => Ok(()),
+                }
+            }
+            M::HandleResolutionResponse(m) => {
+                write!(f, " pool {}", m.pool_handle)?;
+                if let Some(p) = &m.overall_policy {
+                    write!(f, " policy {p}")?;
+                }
+                write!(f, " {} PEs", m.pool_elements.len())?;
+                for pe in &m.pool_elements {
+                    write!(f, "; {pe}")?;
+                }
+                err(f, &m.error)
+            }
+            M::EndpointKeepAlive(m) => {
+                write!(f, " from {} pool {}", m.server_id, m.pool_handle)?;
+                if let Some(id) = m.pe_id {
+                    write!(f, " PE {id}")?;
+                }
+                if m.home {
+                    f.write_str(" home")?;
+                }
+                Ok(())
+            }
+            M::EndpointKeepAliveAck(m) => write!(f, " pool {} PE {}", m.pool_handle, m.pe_id),
+            M::EndpointUnreachable(m) => write!(f, " pool {} PE {}", m.pool_handle, m.pe_id),
+            M::ServerAnnounce(m) => {
+                write!(f, " from {}", m.server_id)?;
+                for t in &m.transports {
+                    write!(f, " {t}")?;
+                }
+                Ok(())
+            }
+            M::Cookie(Cookie { cookie }) | M::CookieEcho(CookieEcho { cookie }) => {
+                write!(f, " {} bytes", cookie.len())
+            }
+            M::BusinessCard(m) => {
+                write!(f, " pool {} {} PEs", m.pool_handle, m.pool_elements.len())?;
+                for pe in &m.pool_elements {
+                    write!(f, "; {pe}")?;
+                }
+                Ok(())
+            }
+            M::Error(m) => write!(f, " [{}]", m.error),
+        }
+    }
+}

@@ -430,3 +430,70 @@ impl Codable for EnrpMessage {
         })
     }
 }
+
+impl std::fmt::Display for EnrpMessage {
+    /// One line: the message name, sender → receiver and contents, for logs and `rserpool decode`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use EnrpMessage as M;
+        let p = self.peers();
+        write!(f, "{} {} -> {}", self.name(), p.sender, p.receiver)?;
+        match self {
+            M::Presence(m) => {
+                write!(f, " checksum {:#06x}", m.checksum.0)?;
+                if m.reply_required {
+                    f.write_str(" reply-required")?;
+                }
+                if let Some(s) = &m.server_information {
+                    write!(f, " {s}")?;
+                }
+                Ok(())
+            }
+            M::HandleTableRequest(m) => {
+                if m.own_children_only {
+                    f.write_str(" own-children-only")?;
+                }
+                Ok(())
+            }
+            M::HandleTableResponse(m) => {
+                if m.reject {
+                    f.write_str(" REJECTED")?;
+                }
+                if m.more_to_send {
+                    f.write_str(" more-to-send")?;
+                }
+                for e in &m.entries {
+                    write!(f, "; pool {} {} PEs", e.pool_handle, e.pool_elements.len())?;
+                    for pe in &e.pool_elements {
+                        write!(f, "; {pe}")?;
+                    }
+                }
+                Ok(())
+            }
+            M::HandleUpdate(m) => {
+                let action = match m.action {
+                    UpdateAction::AddPe => "add",
+                    UpdateAction::DelPe => "delete",
+                };
+                write!(f, " {action} pool {} {}", m.pool_handle, m.pool_element)?;
+                if m.takeover_suggested {
+                    f.write_str(" takeover-suggested")?;
+                }
+                Ok(())
+            }
+            M::ListRequest(_) => Ok(()),
+            M::ListResponse(m) => {
+                if m.reject {
+                    f.write_str(" REJECTED")?;
+                }
+                for s in &m.servers {
+                    write!(f, "; {s}")?;
+                }
+                Ok(())
+            }
+            M::InitTakeover(m) | M::InitTakeoverAck(m) | M::TakeoverServer(m) => {
+                write!(f, " target {}", m.target)
+            }
+            M::Error(m) => write!(f, " [{}]", m.error),
+        }
+    }
+}
