@@ -29,18 +29,6 @@ pub struct DecodeArgs {
     extract: Option<PathBuf>,
 }
 
-/// The demo for now: decode the bundled RSPLIB capture.
-pub fn demo() -> Result<()> {
-    println!("rserpool demo: decoding a capture of RSPLIB 3.4.4 traffic with rserpool-wire\n");
-    run(&DecodeArgs {
-        file: None,
-        life_unit: "ms".into(),
-        hex: false,
-        verbose: false,
-        extract: None,
-    })
-}
-
 /// Runs `rserpool decode`.
 pub fn run(args: &DecodeArgs) -> Result<()> {
     let data = match &args.file {

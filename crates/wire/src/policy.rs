@@ -2,35 +2,35 @@
 //! RSPLIB's private ones (policy type bit 31 set).
 //!
 //! Loads, weights' fixed-point fractions and degradations are 32-bit fixed point where
-//! 0xffffffff stands for 100 % (RFC 5356 §3).
+//! 0xffffffff stands for 100 % (RFC 5356 §5).
 
 use crate::codec::{in_param, Ctx, Tlv, Writer};
 use crate::error::{DecodeError, DecodeErrorKind, EncodeError};
 use crate::types::ParameterType;
 use std::fmt;
 
-/// A policy type number (RFC 5356 §4; RSPLIB for the private ones).
+/// A policy type number (RFC 5356 §4 and §5, IANA's registry; RSPLIB for the private ones).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyType(pub u32);
 
 impl PolicyType {
-    /// Round Robin (RFC 5356 §2.1.1).
+    /// Round Robin (RFC 5356 §4.1).
     pub const ROUND_ROBIN: Self = Self(0x0000_0001);
-    /// Weighted Round Robin (RFC 5356 §2.1.2).
+    /// Weighted Round Robin (RFC 5356 §4.2).
     pub const WEIGHTED_ROUND_ROBIN: Self = Self(0x0000_0002);
-    /// Random (RFC 5356 §2.1.4).
+    /// Random (RFC 5356 §4.3).
     pub const RANDOM: Self = Self(0x0000_0003);
-    /// Weighted Random (RFC 5356 §2.1.5).
+    /// Weighted Random (RFC 5356 §4.4).
     pub const WEIGHTED_RANDOM: Self = Self(0x0000_0004);
-    /// Priority (RFC 5356 §2.1.6).
+    /// Priority (RFC 5356 §4.5).
     pub const PRIORITY: Self = Self(0x0000_0005);
-    /// Least Used (RFC 5356 §2.2.1).
+    /// Least Used (RFC 5356 §5.1).
     pub const LEAST_USED: Self = Self(0x4000_0001);
-    /// Least Used with Degradation (RFC 5356 §2.2.2).
+    /// Least Used with Degradation (RFC 5356 §5.2).
     pub const LEAST_USED_DEGRADATION: Self = Self(0x4000_0002);
-    /// Priority Least Used (RFC 5356 §2.2.3).
+    /// Priority Least Used (RFC 5356 §5.3).
     pub const PRIORITY_LEAST_USED: Self = Self(0x4000_0003);
-    /// Randomized Least Used (RFC 5356 §2.2.4).
+    /// Randomized Least Used (RFC 5356 §5.4).
     pub const RANDOMIZED_LEAST_USED: Self = Self(0x4000_0004);
     /// Randomized Priority Least Used (RSPLIB).
     pub const RANDOMIZED_PRIORITY_LEAST_USED: Self = Self(0xb000_1001);
@@ -51,7 +51,7 @@ impl PolicyType {
     /// Priority Least Used with Degradation and Distance Penalty Factor (RSPLIB).
     pub const PRIORITY_LEAST_USED_DEGRADATION_DPF: Self = Self(0xb000_2005);
 
-    /// Bit 30: the policy adapts to the PEs' reported load (RFC 5356 §4).
+    /// Bit 30: the policy adapts to the PEs' reported load (the adaptive policies of RFC 5356 §5).
     pub const fn is_adaptive(self) -> bool {
         self.0 & 0x4000_0000 != 0
     }

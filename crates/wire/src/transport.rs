@@ -125,6 +125,12 @@ impl TransportAddress {
         }
     }
 
+    /// The transport parameter on its own, e.g. to quote it in the error cause "Inconsistent
+    /// Transport Type" (RFC 5354 §3.12).
+    pub fn to_parameter(&self) -> Result<Vec<u8>, EncodeError> {
+        crate::codec::parameter_bytes(|w| self.encode(w))
+    }
+
     pub(crate) fn decode(ctx: &mut Ctx<'_>, tlv: &Tlv<'_>) -> Result<Self, DecodeError> {
         Self::decode_inner(ctx, tlv).map_err(|e| in_param(e, tlv))
     }

@@ -1,0 +1,340 @@
+//! `rserpool registrar`: the registrar daemon. Every setting is a flag (named after RSPLIB's
+//! `rspregistrar` option where one exists) and a key of the TOML file given with `--config`;
+//! flags win over the file, the file over the profile's defaults.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rserpool_registrar::driver::{run, DriverConfig};
+use rserpool_registrar::{AddressScope, Profile, RateLimit, RegistrarConfig};
+use rserpool_transport::TransportChoice;
+use rserpool_wire::RegistrarId;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Options of `rserpool registrar`. Times are in milliseconds, rates in requests per second.
+#[derive(Args, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RegistrarArgs {
+    /// TOML file with any of these options as keys (e.g. `asap = ["0.0.0.0:3863"]`,
+    /// `max-bad-pe-reports = 3`); flags given on the command line take precedence.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Defaults and behaviours: `rsplib` (talks to RSPLIB 3.x) or `rfc` (the RFC text).
+    /// [default: rsplib]
+    #[arg(long, value_parser = ["rsplib", "rfc"])]
+    pub profile: Option<String>,
+    /// Transport for ASAP: `auto` (SCTP where the kernel has it, else the TCP mapping), `sctp`
+    /// or `tcp`. [default: auto]
+    #[arg(long, value_parser = ["auto", "sctp", "tcp"])]
+    pub transport: Option<String>,
+    /// ASAP address to listen on (repeat for SCTP multi-homing; one port for all).
+    /// [default: 0.0.0.0:3863]
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(default)]
+    pub asap: Vec<SocketAddr>,
+    /// Also accept pool users' handle resolutions over plain TCP (no frame header) here.
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(default)]
+    pub plain_tcp: Vec<SocketAddr>,
+    /// Server announces: `auto` (the profile's group: 239.0.0.50:3863 for rsplib,
+    /// 224.0.1.185:3863 for rfc), `off`, or a group ADDR:PORT. [default: auto]
+    #[arg(long, value_name = "auto|off|ADDR:PORT")]
+    pub asap_announce: Option<String>,
+    /// Interface (its IPv4 address) announces go out on. [default: chosen by the kernel]
+    #[arg(long, value_name = "IPV4")]
+    pub announce_interface: Option<std::net::Ipv4Addr>,
+    /// TTL of announces. [default: 30]
+    #[arg(long)]
+    pub announce_ttl: Option<u32>,
+    /// Announce cycle T6 in ms. [default: 1000]
+    #[arg(long, value_name = "MS")]
+    pub announce_interval: Option<u64>,
+    /// This registrar's 32-bit identifier, e.g. 0x1deea448. [default: random]
+    #[arg(long, value_parser = parse_id)]
+    pub identifier: Option<u32>,
+    /// Mean interval between ENDPOINT_KEEP_ALIVEs to a PE, in ms. [default: 5000]
+    #[arg(long, value_name = "MS")]
+    pub endpoint_keep_alive_transmission_interval: Option<u64>,
+    /// Time a PE has to answer a keep-alive before it is removed, in ms. [default: 5000]
+    #[arg(long, value_name = "MS")]
+    pub endpoint_keep_alive_timeout_interval: Option<u64>,
+    /// Keep-alive intervals are drawn from interval × (1 ± jitter). [default: 0.25]
+    #[arg(long)]
+    pub keep_alive_jitter: Option<f64>,
+    /// ENDPOINT_UNREACHABLE reports that remove a PE (MAX-BAD-PE-REPORT). [default: 3]
+    #[arg(long)]
+    pub max_bad_pe_reports: Option<u32>,
+    /// PEs per handle resolution when the PU does not say. [default: 3]
+    #[arg(long)]
+    pub max_hres_items: Option<u32>,
+    /// Most PEs one handle resolution returns, whatever the PU asks. [default: 128]
+    #[arg(long)]
+    pub max_hres_items_limit: Option<u32>,
+    /// Per-client handle resolutions per second; 0 = unlimited. [default: 0]
+    #[arg(long, value_name = "RATE")]
+    pub max_hr_rate: Option<f64>,
+    /// Per-client ENDPOINT_UNREACHABLE reports per second; 0 = unlimited. [default: 10]
+    #[arg(long, value_name = "RATE")]
+    pub max_eu_rate: Option<f64>,
+    /// Narrowest address scope accepted from PEs: loopback, link-local, site-local, global.
+    /// [default: site-local]
+    #[arg(long, value_parser = ["any", "loopback", "link-local", "site-local", "global"])]
+    pub min_address_scope: Option<String>,
+    /// Most associations (PEs and PUs) at once. [default: 10000]
+    #[arg(long)]
+    pub max_associations: Option<usize>,
+    /// Most pools. [default: 65536]
+    #[arg(long)]
+    pub max_pools: Option<usize>,
+    /// Most PEs in one pool. [default: 1048576]
+    #[arg(long)]
+    pub max_pool_elements_per_pool: Option<usize>,
+    /// Most PEs in all. [default: 4194304]
+    #[arg(long)]
+    pub max_pool_elements: Option<usize>,
+    /// Largest ASAP message accepted or sent, in bytes (at most 65535). [default: 65535]
+    #[arg(long, value_name = "BYTES")]
+    pub max_message_size: Option<usize>,
+    /// Enforce the registration life of own PEs. [default: off in rsplib, on in rfc]
+    #[arg(long)]
+    pub enforce_registration_life: Option<bool>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// Seed for the registrar's random numbers (reproducible runs). [default: from the OS]
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+fn parse_id(s: &str) -> Result<u32, String> {
+    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix('$')) {
+        Some(hex) => (hex, 16),
+        None => (s, 10),
+    };
+    u32::from_str_radix(digits, radix).map_err(|e| format!("identifier {s:?}: {e}"))
+}
+
+macro_rules! merge {
+    ($flags:ident, $file:ident, $($field:ident),*) => {
+        $( if $flags.$field.is_none() { $flags.$field = $file.$field.take(); } )*
+    };
+}
+
+impl RegistrarArgs {
+    /// Fills options not given as flags from the `--config` file.
+    fn merged(mut self) -> Result<Self> {
+        let Some(path) = self.config.clone() else {
+            return Ok(self);
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading the configuration {}", path.display()))?;
+        let mut file: RegistrarArgs = toml::from_str(&text)
+            .with_context(|| format!("in the configuration {}", path.display()))?;
+        merge!(
+            self,
+            file,
+            profile,
+            transport,
+            asap_announce,
+            announce_interface,
+            announce_ttl,
+            announce_interval,
+            identifier,
+            endpoint_keep_alive_transmission_interval,
+            endpoint_keep_alive_timeout_interval,
+            keep_alive_jitter,
+            max_bad_pe_reports,
+            max_hres_items,
+            max_hres_items_limit,
+            max_hr_rate,
+            max_eu_rate,
+            min_address_scope,
+            max_associations,
+            max_pools,
+            max_pool_elements_per_pool,
+            max_pool_elements,
+            max_message_size,
+            enforce_registration_life,
+            metrics,
+            seed
+        );
+        if self.asap.is_empty() {
+            self.asap = file.asap;
+        }
+        if self.plain_tcp.is_empty() {
+            self.plain_tcp = file.plain_tcp;
+        }
+        Ok(self)
+    }
+
+    /// The driver configuration these options describe; errors name the option.
+    pub fn into_config(self) -> Result<DriverConfig> {
+        let a = self.merged()?;
+        let profile = match a.profile.as_deref().unwrap_or("rsplib") {
+            "rsplib" => Profile::Rsplib,
+            "rfc" => Profile::Rfc,
+            other => bail!("profile: {other:?} is neither rsplib nor rfc"),
+        };
+        let mut core = RegistrarConfig::new(profile);
+        if let Some(id) = a.identifier {
+            core.registrar_id = RegistrarId(id);
+        }
+        let ms = |name: &str, v: u64| -> Result<Duration> {
+            if v == 0 {
+                bail!("{name}: must be at least 1 ms");
+            }
+            Ok(Duration::from_millis(v))
+        };
+        if let Some(v) = a.endpoint_keep_alive_transmission_interval {
+            core.keep_alive_interval = ms("endpoint-keep-alive-transmission-interval", v)?;
+        }
+        if let Some(v) = a.endpoint_keep_alive_timeout_interval {
+            core.keep_alive_timeout = ms("endpoint-keep-alive-timeout-interval", v)?;
+        }
+        if let Some(j) = a.keep_alive_jitter {
+            if !(0.0..1.0).contains(&j) {
+                bail!("keep-alive-jitter: {j} is not in [0, 1)");
+            }
+            core.keep_alive_jitter = j;
+        }
+        if let Some(n) = a.max_bad_pe_reports {
+            if n == 0 {
+                bail!("max-bad-pe-reports: must be at least 1");
+            }
+            core.max_bad_pe_reports = n;
+        }
+        if let Some(n) = a.max_hres_items {
+            if n == 0 {
+                bail!("max-hres-items: must be at least 1");
+            }
+            core.default_handle_resolution_items = n;
+        }
+        if let Some(n) = a.max_hres_items_limit {
+            if n == 0 {
+                bail!("max-hres-items-limit: must be at least 1");
+            }
+            core.max_handle_resolution_items = n;
+        }
+        let rate = |name: &str, r: f64| -> Result<Option<RateLimit>> {
+            if !r.is_finite() || r < 0.0 {
+                bail!("{name}: {r} is not a rate (requests per second, 0 = unlimited)");
+            }
+            Ok((r > 0.0).then_some(RateLimit {
+                rate: r,
+                burst: (2.0 * r).max(1.0),
+            }))
+        };
+        if let Some(r) = a.max_hr_rate {
+            core.handle_resolution_rate = rate("max-hr-rate", r)?;
+        }
+        if let Some(r) = a.max_eu_rate {
+            core.endpoint_unreachable_rate = rate("max-eu-rate", r)?;
+        }
+        if let Some(s) = a.min_address_scope.as_deref() {
+            core.min_address_scope = match s {
+                "any" => AddressScope::Unspecified,
+                "loopback" => AddressScope::Loopback,
+                "link-local" => AddressScope::LinkLocal,
+                "site-local" => AddressScope::SiteLocal,
+                "global" => AddressScope::Global,
+                other => bail!("min-address-scope: {other:?} is not a scope"),
+            };
+        }
+        if let Some(n) = a.max_associations {
+            core.max_associations = n;
+        }
+        if let Some(n) = a.max_pools {
+            core.handlespace.max_pools = n;
+        }
+        if let Some(n) = a.max_pool_elements_per_pool {
+            core.handlespace.max_pool_elements_per_pool = n;
+        }
+        if let Some(n) = a.max_pool_elements {
+            core.handlespace.max_pool_elements = n;
+        }
+        if let Some(n) = a.max_message_size {
+            if !(64..=65_535).contains(&n) {
+                bail!("max-message-size: {n} is not in 64..=65535");
+            }
+            core.codec.max_message_size = n;
+        }
+        if let Some(e) = a.enforce_registration_life {
+            core.enforce_registration_life = e;
+        }
+        core.seed = a.seed;
+        match a.asap_announce.as_deref().unwrap_or("auto") {
+            "off" => core.announce = None,
+            "auto" => {}
+            addr => {
+                let group: SocketAddr = addr
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("asap-announce: {addr:?}: {e}"))?;
+                if !group.ip().is_multicast() {
+                    bail!("asap-announce: {} is not a multicast address", group.ip());
+                }
+                if let Some(an) = core.announce.as_mut() {
+                    an.group = group;
+                }
+            }
+        }
+        if let (Some(ms_), Some(an)) = (a.announce_interval, core.announce.as_mut()) {
+            an.interval = ms("announce-interval", ms_)?;
+        }
+        let mut config = DriverConfig::new(core);
+        config.transport = match a.transport.as_deref().unwrap_or("auto") {
+            "auto" => TransportChoice::Auto,
+            "sctp" => TransportChoice::Sctp,
+            "tcp" => TransportChoice::Tcp,
+            other => bail!("transport: {other:?} is not auto, sctp or tcp"),
+        };
+        if !a.asap.is_empty() {
+            if a.asap.iter().any(|s| s.port() != a.asap[0].port()) {
+                bail!("asap: all addresses must share one port (got {:?})", a.asap);
+            }
+            config.asap_listen = a.asap;
+        }
+        config.plain_tcp_listen = a.plain_tcp;
+        config.announce_interface = a.announce_interface;
+        if let Some(ttl) = a.announce_ttl {
+            if !(1..=255).contains(&ttl) {
+                bail!("announce-ttl: {ttl} is not in 1..=255");
+            }
+            config.announce_ttl = ttl;
+        }
+        config.metrics_listen = a.metrics;
+        Ok(config)
+    }
+}
+
+/// Runs the registrar until SIGINT or SIGTERM.
+pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
+    let config = args.into_config()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let serve = run(config, started_tx, crate::shutdown_signal());
+        tokio::pin!(serve);
+        tokio::select! {
+            r = &mut serve => return r.context("registrar"),
+            started = started_rx => {
+                if let Ok(s) = started {
+                    println!(
+                        "registrar {} serving ASAP over {} on {:?}{}{}",
+                        s.registrar_id,
+                        s.transport,
+                        s.asap_addrs,
+                        if s.plain_tcp_addrs.is_empty() { String::new() } else { format!(", plain TCP on {:?}", s.plain_tcp_addrs) },
+                        s.metrics_addr.map(|m| format!(", metrics at http://{m}/metrics")).unwrap_or_default()
+                    );
+                }
+            }
+        }
+        serve.await.context("registrar")
+    })
+}

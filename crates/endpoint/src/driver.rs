@@ -1,0 +1,377 @@
+//! Tokio drivers for the pool element and pool user cores: each owns a transport endpoint, keeps
+//! one association to a registrar (trying the given registrars in turn), and runs its core.
+
+use crate::pe::{PeEvent, PoolElementConfig, PoolElementCore};
+use crate::pu::{RequestId, Resolution, ResolveError, Resolver, ResolverConfig, ResolverEvent};
+use rserpool_transport::{
+    AssociationId, Endpoint, EndpointConfig, EndpointHandle, Event, TransportChoice, TransportError,
+};
+use rserpool_wire::{PoolElementId, PoolHandle, PoolPolicy, Protocol};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+/// How a client reaches registrars.
+#[derive(Debug, Clone)]
+pub struct RegistrarAccess {
+    /// Registrars to try, in order (each may have several addresses for SCTP multi-homing: give
+    /// them as separate entries of the inner list).
+    pub registrars: Vec<Vec<SocketAddr>>,
+    /// SCTP, the TCP mapping, or whichever the kernel allows.
+    pub transport: TransportChoice,
+    /// Pause between two rounds over all registrars when none answers.
+    pub retry_interval: Duration,
+    /// Transport settings (limits, SCTP timers, TCP keep-alives).
+    pub endpoint: EndpointConfig,
+}
+
+impl RegistrarAccess {
+    /// One registrar at one address.
+    pub fn single(addr: SocketAddr, transport: TransportChoice) -> Self {
+        RegistrarAccess {
+            registrars: vec![vec![addr]],
+            transport,
+            retry_interval: Duration::from_secs(1),
+            endpoint: EndpointConfig::new(transport),
+        }
+    }
+}
+
+async fn bind(access: &RegistrarAccess) -> Result<Endpoint, TransportError> {
+    let mut c = access.endpoint.clone();
+    c.transport = access.transport;
+    c.accept = false;
+    Endpoint::bind(c).await
+}
+
+/// Connects to the first registrar that answers, going round the list (RFC 5352 §3.6: server
+/// hunt with static addresses).
+async fn hunt(
+    endpoint: &mut Endpoint,
+    access: &RegistrarAccess,
+    cursor: &mut usize,
+) -> Option<AssociationId> {
+    let n = access.registrars.len();
+    for _ in 0..n {
+        let addrs = &access.registrars[*cursor % n];
+        *cursor += 1;
+        match endpoint.handle().connect(addrs).await {
+            Ok(id) => loop {
+                match endpoint.next_event().await? {
+                    Event::AssociationUp { id: up, .. } if up == id => return Some(id),
+                    Event::AssociationDown { id: down, reason } if down == id => {
+                        tracing::debug!(registrar = ?addrs, %reason, "registrar not reachable");
+                        break;
+                    }
+                    _ => {}
+                }
+            },
+            Err(e) => tracing::debug!(registrar = ?addrs, error = %e, "cannot connect"),
+        }
+    }
+    None
+}
+
+async fn send_all(
+    handle: &EndpointHandle,
+    id: AssociationId,
+    mut next: impl FnMut() -> Option<Vec<u8>>,
+) {
+    while let Some(b) = next() {
+        if let Err(e) = handle.send(id, Protocol::Asap.ppid(), 0, b).await {
+            tracing::warn!(error = %e, "cannot send to the registrar");
+        }
+    }
+}
+
+/// A pool element that stays registered until dropped or deregistered.
+pub struct PoolElementHandle {
+    commands: mpsc::Sender<PeCommand>,
+    status: watch::Receiver<PeStatus>,
+    id: PoolElementId,
+}
+
+/// What a running pool element reports about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeStatus {
+    /// Registered at a registrar now.
+    pub registered: bool,
+    /// Registrations accepted so far.
+    pub registrations: u64,
+    /// Keep-alives answered so far.
+    pub keep_alives: u64,
+    /// The last rejection's cause, if any.
+    pub last_reject: Option<String>,
+}
+
+enum PeCommand {
+    SetPolicy(PoolPolicy),
+    Deregister(oneshot::Sender<()>),
+    Abort(oneshot::Sender<()>),
+}
+
+impl PoolElementHandle {
+    /// Starts a pool element: binds a transport endpoint, connects to a registrar and registers.
+    pub async fn start(
+        config: PoolElementConfig,
+        access: RegistrarAccess,
+    ) -> Result<PoolElementHandle, TransportError> {
+        let mut endpoint = bind(&access).await?;
+        let core = PoolElementCore::new(config, &mut rand::rng());
+        let id = core.id();
+        let (commands, mut rx) = mpsc::channel(16);
+        let (status_tx, status) = watch::channel(PeStatus::default());
+        tokio::spawn(async move {
+            let epoch = Instant::now();
+            let now = || epoch.elapsed();
+            let mut core = core;
+            let mut cursor = 0;
+            let mut st = PeStatus::default();
+            'outer: loop {
+                let Some(assoc) = hunt(&mut endpoint, &access, &mut cursor).await else {
+                    tokio::time::sleep(access.retry_interval).await;
+                    continue;
+                };
+                let handle = endpoint.handle();
+                core.connected(now());
+                send_all(&handle, assoc, || core.poll_transmit()).await;
+                loop {
+                    let deadline = core
+                        .poll_timeout()
+                        .map(|d| epoch + d)
+                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
+                        cmd = rx.recv() => match cmd {
+                            Some(PeCommand::SetPolicy(p)) => core.set_policy(now(), p),
+                            Some(PeCommand::Deregister(done)) => {
+                                core.deregister(now());
+                                send_all(&handle, assoc, || core.poll_transmit()).await;
+                                // Wait for the answer (or the response timeout).
+                                let until = Instant::now() + Duration::from_secs(3);
+                                while let Ok(Some(ev)) = tokio::time::timeout_at(until, endpoint.next_event()).await {
+                                    if let Event::Message { id, data, .. } = ev {
+                                        if id == assoc {
+                                            core.message(now(), &data);
+                                            if matches!(core.poll_event(), Some(PeEvent::Deregistered)) {
+                                                break;
+                                            }
+                                        }
+                                    }
+                                }
+                                let _ = handle.close(assoc).await;
+                                let _ = done.send(());
+                                break 'outer;
+                            }
+                            Some(PeCommand::Abort(done)) => {
+                                let _ = handle.abort(assoc).await;
+                                let _ = done.send(());
+                                break 'outer;
+                            }
+                            None => {
+                                // The handle was dropped: leave the pool.
+                                core.deregister(now());
+                                send_all(&handle, assoc, || core.poll_transmit()).await;
+                                let _ = handle.close(assoc).await;
+                                break 'outer;
+                            }
+                        },
+                        ev = endpoint.next_event() => match ev {
+                            Some(Event::Message { id, data, .. }) if id == assoc => core.message(now(), &data),
+                            Some(Event::AssociationDown { id, reason }) if id == assoc => {
+                                tracing::warn!(%reason, "lost the registrar");
+                                core.disconnected(now());
+                                st.registered = false;
+                                let _ = status_tx.send(st.clone());
+                                continue 'outer;
+                            }
+                            Some(_) => {}
+                            None => break 'outer,
+                        },
+                    }
+                    send_all(&handle, assoc, || core.poll_transmit()).await;
+                    while let Some(e) = core.poll_event() {
+                        match e {
+                            PeEvent::Registered { .. } => {
+                                st.registered = true;
+                                st.registrations += 1;
+                            }
+                            PeEvent::Rejected { cause } => {
+                                st.last_reject = Some(format!("{cause:?}"));
+                                tracing::warn!(?cause, "registration rejected");
+                            }
+                            PeEvent::KeepAlive { .. } => st.keep_alives += 1,
+                            PeEvent::RegistrarLost => {
+                                st.registered = false;
+                                let _ = handle.abort(assoc).await;
+                                let _ = status_tx.send(st.clone());
+                                continue 'outer;
+                            }
+                            PeEvent::ProtocolError(e) => {
+                                tracing::warn!(error = %e, "registrar protocol error")
+                            }
+                            PeEvent::Deregistered => st.registered = false,
+                        }
+                    }
+                    let _ = status_tx.send(st.clone());
+                }
+            }
+            endpoint.shutdown();
+        });
+        Ok(PoolElementHandle {
+            commands,
+            status,
+            id,
+        })
+    }
+
+    /// The PE identifier.
+    pub fn id(&self) -> PoolElementId {
+        self.id
+    }
+
+    /// The latest status.
+    pub fn status(&self) -> PeStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until the registrar has accepted the registration (or `timeout` passes).
+    pub async fn wait_registered(&mut self, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, self.status.wait_for(|s| s.registered))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// New policy values (e.g. a load change): re-registers.
+    pub async fn set_policy(&self, policy: PoolPolicy) {
+        let _ = self.commands.send(PeCommand::SetPolicy(policy)).await;
+    }
+
+    /// Aborts the association to the registrar without deregistering, as a crash would: the
+    /// registrar learns of it from the transport only.
+    pub async fn abort(self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(PeCommand::Abort(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Deregisters and closes the association; returns when done.
+    pub async fn deregister(self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(PeCommand::Deregister(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+enum PuCommand {
+    Resolve(
+        PoolHandle,
+        oneshot::Sender<Result<Resolution, ResolveError>>,
+    ),
+    Unreachable(PoolHandle, PoolElementId),
+}
+
+/// A pool user's resolver running over a transport: `resolve` a pool handle, report PEs that
+/// could not be reached. Cloneable; the task ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct PoolUserClient {
+    commands: mpsc::Sender<PuCommand>,
+}
+
+impl PoolUserClient {
+    /// Starts the client: binds a transport endpoint and connects to a registrar when needed.
+    pub async fn start(
+        config: ResolverConfig,
+        access: RegistrarAccess,
+    ) -> Result<PoolUserClient, TransportError> {
+        let mut endpoint = bind(&access).await?;
+        let (commands, mut rx) = mpsc::channel::<PuCommand>(64);
+        tokio::spawn(async move {
+            let epoch = Instant::now();
+            let now = || epoch.elapsed();
+            let mut core = Resolver::new(config);
+            let mut waiting: HashMap<RequestId, oneshot::Sender<Result<Resolution, ResolveError>>> =
+                HashMap::new();
+            let mut assoc: Option<AssociationId> = None;
+            let mut cursor = 0;
+            loop {
+                if assoc.is_none() && !waiting.is_empty() {
+                    assoc = hunt(&mut endpoint, &access, &mut cursor).await;
+                    match assoc {
+                        Some(_) => core.connected(now()),
+                        // No registrar answers: everything waiting fails now.
+                        None => core.fail_all(ResolveError::NoRegistrar),
+                    }
+                }
+                if let Some(a) = assoc {
+                    send_all(&endpoint.handle(), a, || core.poll_transmit()).await;
+                }
+                while let Some(e) = core.poll_event() {
+                    match e {
+                        ResolverEvent::Resolved {
+                            request,
+                            resolution,
+                        } => {
+                            if let Some(tx) = waiting.remove(&request) {
+                                let _ = tx.send(Ok(resolution));
+                            }
+                        }
+                        ResolverEvent::Failed { request, error, .. } => {
+                            if let Some(tx) = waiting.remove(&request) {
+                                let _ = tx.send(Err(error));
+                            }
+                        }
+                        ResolverEvent::ProtocolError(e) => {
+                            tracing::warn!(error = %e, "registrar protocol error")
+                        }
+                    }
+                }
+                let deadline = core
+                    .poll_timeout()
+                    .map(|d| epoch + d)
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
+                    cmd = rx.recv() => match cmd {
+                        Some(PuCommand::Resolve(pool, tx)) => {
+                            let r = core.resolve(now(), pool);
+                            waiting.insert(r, tx);
+                        }
+                        Some(PuCommand::Unreachable(pool, pe)) => core.report_unreachable(&pool, pe),
+                        None => break,
+                    },
+                    ev = endpoint.next_event() => match ev {
+                        Some(Event::Message { id, data, .. }) if Some(id) == assoc => core.message(now(), &data),
+                        Some(Event::AssociationDown { id, .. }) if Some(id) == assoc => {
+                            assoc = None;
+                            core.disconnected(now());
+                        }
+                        Some(_) => {}
+                        None => break,
+                    },
+                }
+            }
+            endpoint.shutdown();
+        });
+        Ok(PoolUserClient { commands })
+    }
+
+    /// Resolves a pool handle to the PEs the registrar selects (or the cache holds).
+    pub async fn resolve(&self, pool: PoolHandle) -> Result<Resolution, ResolveError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(PuCommand::Resolve(pool, tx))
+            .await
+            .map_err(|_| ResolveError::RegistrarLost)?;
+        rx.await.map_err(|_| ResolveError::RegistrarLost)?
+    }
+
+    /// Reports a PE that could not be reached (ASAP_ENDPOINT_UNREACHABLE).
+    pub async fn report_unreachable(&self, pool: PoolHandle, pe: PoolElementId) {
+        let _ = self.commands.send(PuCommand::Unreachable(pool, pe)).await;
+    }
+}

@@ -1,0 +1,898 @@
+//! The registrar's protocol logic as a sans-IO state machine: events and the current time go in,
+//! transmissions, timer deadlines and reports come out. No sockets, no clock, no global RNG.
+//!
+//! Drive it with [`Registrar::association_up`], [`Registrar::association_down`],
+//! [`Registrar::message`] and [`Registrar::handle_timeout`]; after each call drain
+//! [`Registrar::poll_transmit`], [`Registrar::poll_event`] and arm a timer for
+//! [`Registrar::poll_timeout`].
+
+use crate::config::{AddressScope, Profile, RegistrarConfig};
+use crate::metrics::{Metrics, RateLimited, RemovalCause};
+use crate::rate::TokenBucket;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rserpool_handlespace::{
+    AssociationId, EntryId, Handlespace, RemovedElement, Selection, TimerKind,
+};
+use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_wire::{
+    CauseCode, Codec, DecodeError, ErrorCause, HandleResolutionOption, Message, OperationError,
+    PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId, RegistrationLife,
+    TransportAddress, TransportProtocol, TransportUse, UserTransport,
+};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// How an association reaches the registrar; decides what the registrar records as a PE's ASAP
+/// transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AssociationKind {
+    /// Kernel SCTP: the association's peer addresses are all the PE's addresses.
+    Sctp,
+    /// The TCP mapping (docs/tcp-mapping.md).
+    Tcp,
+    /// Plain TCP without the mapping's frame header: pool users' handle resolutions only
+    /// (RFC 5352 §3.3).
+    PlainTcp,
+}
+
+/// What the registrar knows of a peer when its association comes up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Transport.
+    pub kind: AssociationKind,
+    /// The peer's addresses (all of them, for SCTP).
+    pub addresses: Vec<IpAddr>,
+    /// The peer's port.
+    pub port: u16,
+}
+
+/// Where a transmission goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// Over an association.
+    Association(AssociationId),
+    /// To the announce multicast group (ASAP_SERVER_ANNOUNCE).
+    Announce,
+}
+
+/// A message to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to.
+    pub destination: Destination,
+    /// SCTP payload protocol identifier (11 for ASAP).
+    pub ppid: u32,
+    /// The encoded message.
+    pub bytes: Vec<u8>,
+}
+
+/// What happened, for logs and tests. Metrics count the same facts in [`Metrics`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RegistrarEvent {
+    /// An association was accepted.
+    AssociationUp {
+        /// The association.
+        association: AssociationId,
+        /// The peer.
+        peer: PeerInfo,
+    },
+    /// An association was refused at the association limit (the driver aborts it).
+    AssociationRefused {
+        /// The association.
+        association: AssociationId,
+    },
+    /// A PE registered (new) or re-registered.
+    Registered {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// The PE as stored (with home registrar and ASAP transport).
+        element: PoolElement,
+        /// Over which association.
+        association: AssociationId,
+        /// Whether the PE is new in the handlespace.
+        new: bool,
+        /// User-transport addresses left out (not the association's, or too narrow in scope).
+        dropped_addresses: Vec<IpAddr>,
+    },
+    /// A registration was refused.
+    RegistrationRejected {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE identifier.
+        pe_id: PoolElementId,
+        /// The cause sent.
+        cause: CauseCode,
+        /// Why, in words (which field, which limit).
+        reason: String,
+    },
+    /// A PE left the handlespace.
+    Removed {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE identifier.
+        pe_id: PoolElementId,
+        /// Why.
+        cause: RemovalCause,
+    },
+    /// A handle resolution was answered.
+    HandleResolution {
+        /// Asking association.
+        association: AssociationId,
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// The selection (policy, candidates and the inputs of the choice); `None` for an
+        /// unknown pool handle.
+        selection: Option<Selection>,
+    },
+    /// An ENDPOINT_KEEP_ALIVE was sent.
+    KeepAliveSent {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+    },
+    /// A PE answered its keep-alive in time.
+    KeepAliveAcked {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+    },
+    /// A pool user reported a PE unreachable.
+    UnreachableReported {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+        /// Reports since its last registration.
+        count: u32,
+    },
+    /// A request was refused by a per-client rate limit.
+    RateLimited {
+        /// The client's association.
+        association: AssociationId,
+        /// Which limit.
+        what: RateLimited,
+    },
+    /// A message could not be decoded.
+    Malformed {
+        /// Where it came from.
+        association: AssociationId,
+        /// What was wrong (names the message, parameter and offset).
+        error: DecodeError,
+        /// Whether an ASAP_ERROR was sent back.
+        answered: bool,
+    },
+    /// A well-formed message a registrar does not take from PEs or PUs (ignored).
+    Ignored {
+        /// Where it came from.
+        association: AssociationId,
+        /// What it was.
+        message: &'static str,
+        /// Why it was ignored.
+        reason: &'static str,
+    },
+}
+
+#[derive(Debug)]
+struct Association {
+    peer: PeerInfo,
+    handle_resolutions: Option<TokenBucket>,
+    unreachable_reports: Option<TokenBucket>,
+}
+
+/// The registrar core.
+pub struct Registrar {
+    config: RegistrarConfig,
+    id: RegistrarId,
+    codec: Codec,
+    handlespace: Handlespace,
+    rng: StdRng,
+    associations: HashMap<AssociationId, Association>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<RegistrarEvent>,
+    metrics: Metrics,
+    next_announce: Option<Duration>,
+    enrp_peers: usize,
+    scratch: Selection,
+}
+
+/// Sends an encoded message or, if it cannot be encoded (a bug), reports nothing: every message
+/// the core builds is valid by construction, so encoding errors only come from limits set below
+/// what a response needs, which the caller sees as a missing answer.
+fn encode(codec: &Codec, m: &AsapMessage) -> Option<Vec<u8>> {
+    codec.encode(m).ok()
+}
+
+impl Registrar {
+    /// A registrar with the given settings, started at `now`.
+    pub fn new(config: RegistrarConfig, now: Duration) -> Self {
+        let mut rng = match config.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        let id = if config.registrar_id.0 != 0 {
+            config.registrar_id
+        } else {
+            RegistrarId(rng.random_range(1..=u32::MAX))
+        };
+        let next_announce = config.announce.as_ref().map(|_| now);
+        Registrar {
+            codec: Codec::new(config.codec),
+            handlespace: Handlespace::new(config.handlespace.clone()),
+            id,
+            rng,
+            associations: HashMap::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            metrics: Metrics::default(),
+            next_announce,
+            enrp_peers: 0,
+            scratch: Selection::default(),
+            config,
+        }
+    }
+
+    /// This registrar's identifier.
+    pub fn id(&self) -> RegistrarId {
+        self.id
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RegistrarConfig {
+        &self.config
+    }
+
+    /// The handlespace (read-only).
+    pub fn handlespace(&self) -> &Handlespace {
+        &self.handlespace
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Number of ENRP peers known, for the (N+1)·T6 announce rule of RFC 5352 §3.6.
+    pub fn set_enrp_peer_count(&mut self, peers: usize) {
+        self.enrp_peers = peers;
+    }
+
+    /// The next message to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next report, if any.
+    pub fn poll_event(&mut self) -> Option<RegistrarEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Registrar::handle_timeout`] must be called next.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let pe = self.handlespace.next_timer().map(|t| t.deadline);
+        match (pe, self.next_announce) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// An association (SCTP) or connection (TCP) came up.
+    pub fn association_up(&mut self, now: Duration, association: AssociationId, peer: PeerInfo) {
+        if self.associations.len() >= self.config.max_associations {
+            self.metrics.associations_refused += 1;
+            self.events
+                .push_back(RegistrarEvent::AssociationRefused { association });
+            return;
+        }
+        let bucket = |l: Option<crate::config::RateLimit>| l.map(|l| TokenBucket::new(l, now));
+        self.associations.insert(
+            association,
+            Association {
+                peer: peer.clone(),
+                handle_resolutions: bucket(self.config.handle_resolution_rate),
+                unreachable_reports: bucket(self.config.endpoint_unreachable_rate),
+            },
+        );
+        self.update_gauges();
+        self.events
+            .push_back(RegistrarEvent::AssociationUp { association, peer });
+    }
+
+    /// An association went down: every PE registered over it is removed (RFC 5352 §3.1: the
+    /// registrar watches its PEs through their association).
+    pub fn association_down(&mut self, _now: Duration, association: AssociationId) {
+        self.associations.remove(&association);
+        for (pool_handle, removed) in self.handlespace.remove_association(association) {
+            self.removed(pool_handle, removed, RemovalCause::AssociationLost);
+        }
+        self.update_gauges();
+    }
+
+    /// A message arrived on an association.
+    pub fn message(&mut self, now: Duration, association: AssociationId, ppid: u32, bytes: &[u8]) {
+        if !self.associations.contains_key(&association) {
+            return;
+        }
+        if ppid != Protocol::Asap.ppid() {
+            self.events.push_back(RegistrarEvent::Ignored {
+                association,
+                message: "non-ASAP payload",
+                reason: "the registrar serves ASAP (PPID 11) on this endpoint",
+            });
+            return;
+        }
+        let decoded = match self.codec.decode::<AsapMessage>(bytes) {
+            Ok(d) => d,
+            Err(error) => {
+                self.metrics.malformed_messages += 1;
+                let answered = match error.answer_cause(bytes) {
+                    Some(cause) => {
+                        self.send_error(association, cause);
+                        true
+                    }
+                    None => false,
+                };
+                self.events.push_back(RegistrarEvent::Malformed {
+                    association,
+                    error,
+                    answered,
+                });
+                return;
+            }
+        };
+        for u in decoded.to_report() {
+            self.send_error(
+                association,
+                ErrorCause::with_info(CauseCode::UnrecognizedParameter, u.bytes.clone()),
+            );
+        }
+        match decoded.message {
+            AsapMessage::Registration(r) => self.registration(now, association, r),
+            AsapMessage::Deregistration(d) => self.deregistration(association, d),
+            AsapMessage::HandleResolution(h) => self.handle_resolution(now, association, h),
+            AsapMessage::EndpointKeepAliveAck(a) => self.keep_alive_ack(now, association, a),
+            AsapMessage::EndpointUnreachable(u) => self.endpoint_unreachable(now, association, u),
+            other => self.events.push_back(RegistrarEvent::Ignored {
+                association,
+                message: other.name(),
+                reason: "not a message a registrar takes from pool elements or users",
+            }),
+        }
+        self.update_gauges();
+    }
+
+    /// Runs what is due at `now`: keep-alives, their timeouts, registration-life expiries and
+    /// server announces.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        while let Some(timer) = self.handlespace.pop_due(now) {
+            match timer.kind {
+                TimerKind::KeepAliveTransmission => self.send_keep_alive(now, timer.entry),
+                TimerKind::KeepAliveTimeout => {
+                    self.metrics.keep_alives_missed += 1;
+                    self.remove(timer.entry, RemovalCause::KeepAliveTimeout);
+                }
+                TimerKind::Expiry => self.expire(timer.entry),
+            }
+        }
+        if let (Some(due), Some(announce)) = (self.next_announce, &self.config.announce) {
+            if due <= now {
+                let m = AsapMessage::ServerAnnounce(asap::ServerAnnounce {
+                    server_id: self.id,
+                    transports: announce.transports.clone(),
+                });
+                if let Some(bytes) = encode(&self.codec, &m) {
+                    self.transmits.push_back(Transmit {
+                        destination: Destination::Announce,
+                        ppid: Protocol::Asap.ppid(),
+                        bytes,
+                    });
+                    self.metrics.announces_sent += 1;
+                }
+                // RFC 5352 §3.6: with N peers heard, each registrar announces every (N+1)·T6.
+                let cycle = announce.interval.mul_f64((self.enrp_peers + 1) as f64);
+                let jitter = announce.jitter.clamp(0.0, 0.99);
+                let factor = 1.0 + self.rng.random_range(-jitter..=jitter);
+                self.next_announce = Some(now + cycle.mul_f64(factor));
+            }
+        }
+        self.update_gauges();
+    }
+
+    fn update_gauges(&mut self) {
+        self.metrics.pools = self.handlespace.pool_count() as u64;
+        self.metrics.pool_elements = self.handlespace.len() as u64;
+        self.metrics.associations = self.associations.len() as u64;
+    }
+
+    fn send(&mut self, association: AssociationId, m: &AsapMessage) {
+        if let Some(bytes) = encode(&self.codec, m) {
+            self.transmits.push_back(Transmit {
+                destination: Destination::Association(association),
+                ppid: Protocol::Asap.ppid(),
+                bytes,
+            });
+        }
+    }
+
+    fn send_error(&mut self, association: AssociationId, cause: ErrorCause) {
+        self.metrics.errors_sent += 1;
+        self.send(
+            association,
+            &AsapMessage::Error(asap::AsapError {
+                error: OperationError::from_cause(cause),
+            }),
+        );
+    }
+
+    fn keep_alive_interval(&mut self) -> Duration {
+        let j = self.config.keep_alive_jitter.clamp(0.0, 0.99);
+        let factor = if j > 0.0 {
+            1.0 + self.rng.random_range(-j..=j)
+        } else {
+            1.0
+        };
+        self.config.keep_alive_interval.mul_f64(factor)
+    }
+
+    /// When the PE's registration life runs out, if it does and the life is enforced.
+    fn expiry_of(&self, entry: EntryId) -> Option<Duration> {
+        if !self.config.enforce_registration_life {
+            return None;
+        }
+        let pe = self.handlespace.get(entry)?;
+        match pe.element().registration_life {
+            RegistrationLife::Infinite => None,
+            RegistrationLife::Finite(life) => Some(pe.updated_at() + life),
+        }
+    }
+
+    /// Arms the PE's one timer with whichever comes first: the given keep-alive event or the
+    /// end of its registration life.
+    fn arm(&mut self, entry: EntryId, kind: TimerKind, deadline: Duration) {
+        let (kind, deadline) = match self.expiry_of(entry) {
+            Some(expiry) if expiry <= deadline => (TimerKind::Expiry, expiry),
+            _ => (kind, deadline),
+        };
+        let _ = self.handlespace.set_timer(entry, kind, deadline);
+    }
+
+    fn registration(&mut self, now: Duration, association: AssociationId, r: asap::Registration) {
+        let asap::Registration {
+            pool_handle,
+            pool_element: pe,
+        } = r;
+        let pe_id = pe.id;
+        let peer = self.associations[&association].peer.clone();
+        let (mut pe, dropped) = match self.check_registration(pe, &peer) {
+            Ok(checked) => checked,
+            Err((cause, reason)) => {
+                self.reject_with(association, pool_handle, pe_id, cause, reason);
+                return;
+            }
+        };
+        // RFC 5352 §3.1: the accepting registrar becomes the home registrar, and records the
+        // association's addresses as the PE's ASAP transport (RFC 5352 §2.2.1).
+        pe.home_registrar = self.id;
+        let asap_addresses: Vec<IpAddr> = peer
+            .addresses
+            .iter()
+            .copied()
+            .filter(|a| AddressScope::of(a) >= self.config.min_address_scope)
+            .collect();
+        if asap_addresses.is_empty() {
+            self.reject_with(
+                association,
+                pool_handle,
+                pe_id,
+                ErrorCause::new(CauseCode::InvalidValues),
+                format!(
+                    "no address of the association ({:?}) has scope {} or wider",
+                    peer.addresses,
+                    self.config.min_address_scope.name()
+                ),
+            );
+            return;
+        }
+        pe.asap_transport = Some(TransportAddress {
+            protocol: match peer.kind {
+                AssociationKind::Sctp => TransportProtocol::Sctp,
+                AssociationKind::Tcp | AssociationKind::PlainTcp => TransportProtocol::Tcp,
+            },
+            port: peer.port,
+            transport_use: TransportUse::DataOnly,
+            addresses: asap_addresses,
+        });
+        match self
+            .handlespace
+            .register(&pool_handle, pe.clone(), Some(association), now)
+        {
+            Ok(outcome) => {
+                let entry = outcome.entry();
+                let new = outcome.is_new();
+                if new {
+                    self.metrics.registrations += 1;
+                } else {
+                    self.metrics.reregistrations += 1;
+                }
+                // A new PE gets its first keep-alive one interval from now; a re-registration
+                // keeps the keep-alive schedule, and counts as an answer to an outstanding
+                // keep-alive. The timer also covers the (new) end of the registration life.
+                let deadline = match self.handlespace.get(entry).and_then(|e| e.timer()) {
+                    Some(t) if !new && t.kind == TimerKind::KeepAliveTransmission => t.deadline,
+                    _ => now + self.keep_alive_interval(),
+                };
+                self.arm(entry, TimerKind::KeepAliveTransmission, deadline);
+                self.send(
+                    association,
+                    &AsapMessage::RegistrationResponse(asap::RegistrationResponse {
+                        reject: false,
+                        pool_handle: pool_handle.clone(),
+                        pe_id,
+                        error: None,
+                    }),
+                );
+                self.events.push_back(RegistrarEvent::Registered {
+                    pool_handle,
+                    element: pe,
+                    association,
+                    new,
+                    dropped_addresses: dropped,
+                });
+            }
+            Err(e) => {
+                let code = e.cause_code();
+                let info = match code {
+                    CauseCode::InconsistentPoolingPolicy => pe.policy.to_parameter().ok(),
+                    CauseCode::InconsistentTransportType => match &pe.user_transport {
+                        UserTransport::Address(t) => t.to_parameter().ok(),
+                        UserTransport::Opaque(_) => None,
+                    },
+                    _ => None,
+                };
+                let cause = ErrorCause {
+                    code,
+                    info: info.unwrap_or_default(),
+                };
+                self.reject_with(association, pool_handle, pe_id, cause, e.to_string());
+            }
+        }
+    }
+
+    /// Checks that do not need the handlespace (policy, identifier, addresses), and drops
+    /// user-transport addresses that are not the association's or are too narrow in scope, as
+    /// RSPLIB does; returns the PE to store and the addresses dropped.
+    #[allow(clippy::type_complexity)]
+    fn check_registration(
+        &self,
+        mut pe: PoolElement,
+        peer: &PeerInfo,
+    ) -> Result<(PoolElement, Vec<IpAddr>), (ErrorCause, String)> {
+        let invalid = |info: Vec<u8>, reason: String| {
+            Err((
+                ErrorCause::with_info(CauseCode::InvalidValues, info),
+                reason,
+            ))
+        };
+        if let PoolPolicy::Other { policy_type, .. } = pe.policy {
+            return invalid(
+                pe.policy.to_parameter().unwrap_or_default(),
+                format!("unknown policy type {policy_type:#010x}"),
+            );
+        }
+        if pe.id.0 == 0 {
+            return invalid(Vec::new(), "PE identifier 0".into());
+        }
+        let mut dropped = Vec::new();
+        if let UserTransport::Address(t) = &mut pe.user_transport {
+            if t.protocol != TransportProtocol::Sctp && t.addresses.len() != 1 {
+                return invalid(
+                    t.to_parameter().unwrap_or_default(),
+                    format!(
+                        "{} transport with {} addresses (exactly one allowed)",
+                        t.protocol.name(),
+                        t.addresses.len()
+                    ),
+                );
+            }
+            let quoted = t.to_parameter().unwrap_or_default();
+            let check_peer = self.config.check_user_transport_addresses
+                && peer.kind != AssociationKind::PlainTcp;
+            let min_scope = self.config.min_address_scope;
+            let (keep, drop): (Vec<IpAddr>, Vec<IpAddr>) = t.addresses.iter().partition(|a| {
+                AddressScope::of(a) >= min_scope && (!check_peer || peer.addresses.contains(a))
+            });
+            if keep.is_empty() {
+                return invalid(
+                    quoted,
+                    format!(
+                        "no usable user transport address: {:?} are not addresses of the association ({:?}) with scope {} or wider",
+                        drop,
+                        peer.addresses,
+                        min_scope.name()
+                    ),
+                );
+            }
+            t.addresses = keep;
+            dropped = drop;
+        }
+        Ok((pe, dropped))
+    }
+
+    fn reject_with(
+        &mut self,
+        association: AssociationId,
+        pool_handle: PoolHandle,
+        pe_id: PoolElementId,
+        cause: ErrorCause,
+        reason: String,
+    ) {
+        self.metrics.reject(cause.code.to_u16());
+        let code = cause.code;
+        self.send(
+            association,
+            &AsapMessage::RegistrationResponse(asap::RegistrationResponse {
+                reject: true,
+                pool_handle: pool_handle.clone(),
+                pe_id,
+                error: Some(OperationError::from_cause(cause)),
+            }),
+        );
+        self.events.push_back(RegistrarEvent::RegistrationRejected {
+            pool_handle,
+            pe_id,
+            cause: code,
+            reason,
+        });
+    }
+
+    fn deregistration(&mut self, association: AssociationId, d: asap::Deregistration) {
+        // A PE that is already gone is deregistered too (RFC 5352 §3.2; RSPLIB answers so).
+        if let Some(entry) = self.handlespace.entry_id(&d.pool_handle, d.pe_id) {
+            self.metrics.deregistrations += 1;
+            self.remove(entry, RemovalCause::Deregistered);
+        }
+        self.send(
+            association,
+            &AsapMessage::DeregistrationResponse(asap::DeregistrationResponse {
+                pool_handle: d.pool_handle,
+                pe_id: d.pe_id,
+                error: None,
+            }),
+        );
+    }
+
+    fn handle_resolution(
+        &mut self,
+        now: Duration,
+        association: AssociationId,
+        h: asap::HandleResolution,
+    ) {
+        let limited = self
+            .associations
+            .get_mut(&association)
+            .and_then(|a| a.handle_resolutions.as_mut())
+            .is_some_and(|b| !b.allow(now));
+        if limited {
+            self.metrics.rate_limited(RateLimited::HandleResolution);
+            self.events.push_back(RegistrarEvent::RateLimited {
+                association,
+                what: RateLimited::HandleResolution,
+            });
+            self.send(
+                association,
+                &AsapMessage::HandleResolutionResponse(asap::HandleResolutionResponse {
+                    accepted: false,
+                    pool_handle: h.pool_handle,
+                    overall_policy: None,
+                    pool_elements: Vec::new(),
+                    error: Some(OperationError::new(CauseCode::RejectedSecurity)),
+                }),
+            );
+            return;
+        }
+        // Items 0 or no option: the default; 0xffffffff: as many as allowed (RSPLIB's reading
+        // of draft-dreibholz-rserpool-asap-hropt).
+        let max = self.config.max_handle_resolution_items.max(1);
+        let items = match h.option {
+            Some(HandleResolutionOption { items: 0 }) | None => {
+                self.config.default_handle_resolution_items
+            }
+            Some(HandleResolutionOption { items }) => items,
+        }
+        .clamp(1, max) as usize;
+        let mut selection = std::mem::take(&mut self.scratch);
+        let found = self
+            .handlespace
+            .select_into(&h.pool_handle, items, &mut self.rng, &mut selection)
+            .is_ok();
+        let response = if found {
+            self.metrics.resolutions += 1;
+            self.metrics.resolved_pool_elements += selection.elements.len() as u64;
+            let pool_elements: Vec<PoolElement> = selection
+                .elements
+                .iter()
+                .filter_map(|s| self.handlespace.get(s.entry))
+                .map(|e| PoolElement {
+                    asap_transport: None,
+                    ..e.element().clone()
+                })
+                .collect();
+            // The pool's policy, carried with the first selected PE's values as RSPLIB does.
+            let overall_policy = pool_elements.first().map(|pe| pe.policy.clone());
+            asap::HandleResolutionResponse {
+                accepted: false,
+                pool_handle: h.pool_handle.clone(),
+                overall_policy,
+                pool_elements,
+                error: None,
+            }
+        } else {
+            self.metrics.resolutions_unknown_pool += 1;
+            asap::HandleResolutionResponse {
+                accepted: false,
+                pool_handle: h.pool_handle.clone(),
+                overall_policy: None,
+                pool_elements: Vec::new(),
+                error: Some(OperationError::new(CauseCode::UnknownPoolHandle)),
+            }
+        };
+        self.send(
+            association,
+            &AsapMessage::HandleResolutionResponse(response),
+        );
+        self.events.push_back(RegistrarEvent::HandleResolution {
+            association,
+            pool_handle: h.pool_handle,
+            selection: found.then(|| selection.clone()),
+        });
+        self.scratch = selection;
+    }
+
+    fn send_keep_alive(&mut self, now: Duration, entry: EntryId) {
+        let Some(pe) = self.handlespace.get(entry) else {
+            return;
+        };
+        let (pool_handle, pe_id, association) =
+            (pe.pool_handle().clone(), pe.id(), pe.association());
+        let Some(association) = association.filter(|a| self.associations.contains_key(a)) else {
+            return;
+        };
+        self.send(
+            association,
+            &AsapMessage::EndpointKeepAlive(asap::EndpointKeepAlive {
+                home: false,
+                server_id: self.id,
+                pool_handle: pool_handle.clone(),
+                pe_id: (self.config.profile == Profile::Rsplib).then_some(pe_id),
+            }),
+        );
+        self.metrics.keep_alives_sent += 1;
+        self.arm(
+            entry,
+            TimerKind::KeepAliveTimeout,
+            now + self.config.keep_alive_timeout,
+        );
+        self.events
+            .push_back(RegistrarEvent::KeepAliveSent { pool_handle, pe_id });
+    }
+
+    fn keep_alive_ack(
+        &mut self,
+        now: Duration,
+        association: AssociationId,
+        a: asap::EndpointKeepAliveAck,
+    ) {
+        let Some(entry) = self.handlespace.entry_id(&a.pool_handle, a.pe_id) else {
+            return;
+        };
+        let Some(pe) = self.handlespace.get(entry) else {
+            return;
+        };
+        if pe.association() != Some(association) {
+            self.events.push_back(RegistrarEvent::Ignored {
+                association,
+                message: "ASAP_ENDPOINT_KEEP_ALIVE_ACK",
+                reason: "the PE is registered over another association",
+            });
+            return;
+        }
+        if !matches!(pe.timer(), Some(t) if t.kind == TimerKind::KeepAliveTimeout) {
+            return;
+        }
+        self.metrics.keep_alives_acked += 1;
+        let d = now + self.keep_alive_interval();
+        self.arm(entry, TimerKind::KeepAliveTransmission, d);
+        self.events.push_back(RegistrarEvent::KeepAliveAcked {
+            pool_handle: a.pool_handle,
+            pe_id: a.pe_id,
+        });
+    }
+
+    fn endpoint_unreachable(
+        &mut self,
+        now: Duration,
+        association: AssociationId,
+        u: asap::EndpointUnreachable,
+    ) {
+        let limited = self
+            .associations
+            .get_mut(&association)
+            .and_then(|a| a.unreachable_reports.as_mut())
+            .is_some_and(|b| !b.allow(now));
+        if limited {
+            self.metrics.rate_limited(RateLimited::EndpointUnreachable);
+            self.events.push_back(RegistrarEvent::RateLimited {
+                association,
+                what: RateLimited::EndpointUnreachable,
+            });
+            return;
+        }
+        let Some(entry) = self.handlespace.entry_id(&u.pool_handle, u.pe_id) else {
+            return;
+        };
+        let Ok(count) = self.handlespace.report_unreachable(entry) else {
+            return;
+        };
+        self.metrics.unreachable_reports += 1;
+        self.events.push_back(RegistrarEvent::UnreachableReported {
+            pool_handle: u.pool_handle,
+            pe_id: u.pe_id,
+            count,
+        });
+        if count >= self.config.max_bad_pe_reports.max(1) {
+            self.remove(entry, RemovalCause::UnreachableReports);
+        } else if self.config.probe_on_unreachable {
+            // RFC 5352 §3.5: probe the PE at once; no answer in time removes it.
+            let awaiting = matches!(
+                self.handlespace.get(entry).and_then(|e| e.timer()),
+                Some(t) if t.kind == TimerKind::KeepAliveTimeout
+            );
+            if !awaiting {
+                self.send_keep_alive(now, entry);
+            }
+        }
+    }
+
+    fn expire(&mut self, entry: EntryId) {
+        let Some(pe) = self.handlespace.get(entry) else {
+            return;
+        };
+        let (pool_handle, pe_id, association) =
+            (pe.pool_handle().clone(), pe.id(), pe.association());
+        self.remove(entry, RemovalCause::LifeExpired);
+        // The PE learns that its registration is gone (RFC 5352 §2.2.4). Not in the rsplib
+        // profile: RSPLIB's PEs take an unsolicited response as a protocol error.
+        if self.config.profile == Profile::Rsplib {
+            return;
+        }
+        if let Some(a) = association.filter(|a| self.associations.contains_key(a)) {
+            self.send(
+                a,
+                &AsapMessage::DeregistrationResponse(asap::DeregistrationResponse {
+                    pool_handle,
+                    pe_id,
+                    error: None,
+                }),
+            );
+        }
+    }
+
+    fn remove(&mut self, entry: EntryId, cause: RemovalCause) {
+        if let Ok((pool_handle, removed)) = self.handlespace.remove(entry) {
+            self.removed(pool_handle, removed, cause);
+        }
+        self.update_gauges();
+    }
+
+    fn removed(&mut self, pool_handle: PoolHandle, removed: RemovedElement, cause: RemovalCause) {
+        self.metrics.removal(cause);
+        self.events.push_back(RegistrarEvent::Removed {
+            pool_handle,
+            pe_id: removed.element.id,
+            cause,
+        });
+    }
+}

@@ -1,0 +1,365 @@
+//! The tokio driver: runs a [`Registrar`] core over a transport endpoint (kernel SCTP or the TCP
+//! mapping, plus plain-TCP ASAP for pool users), sends server announces by multicast, logs every
+//! event and serves the metrics.
+
+use crate::core::{AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent};
+use crate::metrics::Metrics;
+use crate::RegistrarConfig;
+use rserpool_handlespace::AssociationId;
+use rserpool_transport::multicast::{Interface, MulticastConfig, MulticastSocket};
+use rserpool_transport::{
+    AssociationKind as TransportAssociationKind, Endpoint, EndpointConfig, EndpointHandle, Event,
+    TransportChoice, TransportError, TransportKind,
+};
+use rserpool_wire::{TransportAddress, TransportProtocol, TransportUse};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Where and how the registrar listens.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// The protocol core's settings.
+    pub core: RegistrarConfig,
+    /// SCTP, the TCP mapping, or whichever the kernel allows.
+    pub transport: TransportChoice,
+    /// ASAP listening addresses (one port; several addresses multi-home an SCTP endpoint).
+    pub asap_listen: Vec<SocketAddr>,
+    /// Plain-TCP ASAP listeners for pool users' handle resolutions (RFC 5352 §3.3).
+    pub plain_tcp_listen: Vec<SocketAddr>,
+    /// Interface (by IPv4 address) the announces go out on; `None` lets the kernel choose.
+    pub announce_interface: Option<std::net::Ipv4Addr>,
+    /// TTL of announces (RSPLIB: 30).
+    pub announce_ttl: u32,
+    /// Prometheus metrics at `http://ADDR/metrics`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Transport settings beyond the above (limits, SCTP timers, TCP keep-alives).
+    pub endpoint: EndpointConfig,
+}
+
+impl DriverConfig {
+    /// Defaults: ASAP on the well-known port of every address, transport chosen by the kernel.
+    pub fn new(core: RegistrarConfig) -> Self {
+        DriverConfig {
+            core,
+            transport: TransportChoice::Auto,
+            asap_listen: vec![SocketAddr::from(([0, 0, 0, 0], 3863))],
+            plain_tcp_listen: Vec::new(),
+            announce_interface: None,
+            announce_ttl: 30,
+            metrics_listen: None,
+            endpoint: EndpointConfig::new(TransportChoice::Auto),
+        }
+    }
+}
+
+/// What a running registrar exposes to its caller (tests, the CLI).
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// The registrar's identifier.
+    pub registrar_id: rserpool_wire::RegistrarId,
+    /// The transport in use.
+    pub transport: TransportKind,
+    /// The ASAP addresses actually bound (with the port chosen, if 0 was asked).
+    pub asap_addrs: Vec<SocketAddr>,
+    /// The plain-TCP ASAP addresses actually bound.
+    pub plain_tcp_addrs: Vec<SocketAddr>,
+    /// The metrics address actually bound.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The counters, updated after every step.
+    pub metrics: Arc<Mutex<Metrics>>,
+}
+
+/// Errors that stop the registrar from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The transport could not be set up.
+    #[error("transport: {0}")]
+    Transport(#[from] TransportError),
+    /// A socket could not be bound.
+    #[error("{what} {addr}: {source}")]
+    Bind {
+        /// Which socket.
+        what: &'static str,
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Binds everything, then runs the registrar until `shutdown` completes. `started` receives
+/// what was bound once the registrar serves.
+pub async fn run(
+    mut config: DriverConfig,
+    started: tokio::sync::oneshot::Sender<Running>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DriverError> {
+    let mut ep_config = config.endpoint.clone();
+    ep_config.transport = config.transport;
+    ep_config.local_addrs = config.asap_listen.clone();
+    ep_config.accept = true;
+    ep_config.tcp.plain_asap_listen = config.plain_tcp_listen.clone();
+    ep_config.limits.max_associations = config.core.max_associations + 16;
+    let mut endpoint = Endpoint::bind(ep_config).await?;
+    let handle = endpoint.handle();
+    let kind = endpoint.kind();
+
+    // Announce where ASAP is served: explicit addresses as a transport parameter; for wildcard
+    // addresses none, so receivers take the announce's source address (RFC 5352 §2.2.10).
+    let mut announce_socket = None;
+    if let Some(announce) = config.core.announce.as_mut() {
+        let bound: Vec<SocketAddr> = endpoint.local_addrs().to_vec();
+        if announce.transports.is_empty() && bound.iter().all(|a| !a.ip().is_unspecified()) {
+            if let Some(first) = bound.first() {
+                announce.transports.push(TransportAddress {
+                    protocol: match kind {
+                        TransportKind::Sctp => TransportProtocol::Sctp,
+                        TransportKind::Tcp => TransportProtocol::Tcp,
+                    },
+                    port: first.port(),
+                    transport_use: TransportUse::DataOnly,
+                    addresses: match kind {
+                        TransportKind::Sctp => bound.iter().map(|a| a.ip()).collect(),
+                        TransportKind::Tcp => vec![first.ip()],
+                    },
+                });
+            }
+        }
+        let mc = MulticastConfig {
+            group: announce.group,
+            interfaces: vec![config
+                .announce_interface
+                .map(Interface::V4)
+                .unwrap_or(Interface::Default)],
+            ttl: config.announce_ttl,
+            loopback: true,
+            max_datagram: 65_535,
+        };
+        announce_socket = Some(MulticastSocket::open(&mc)?);
+    }
+
+    let metrics_text = Arc::new(Mutex::new(String::new()));
+    let metrics_addr = match config.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DriverError::Bind {
+                    what: "metrics listener",
+                    addr,
+                    source,
+                })?;
+            let bound = listener.local_addr().ok();
+            tokio::spawn(crate::http::serve(listener, metrics_text.clone()));
+            bound
+        }
+        None => None,
+    };
+
+    let epoch = Instant::now();
+    let now = || epoch.elapsed();
+    let mut core = Registrar::new(config.core.clone(), now());
+    let shared_metrics = Arc::new(Mutex::new(core.metrics().clone()));
+    tracing::info!(
+        registrar = %core.id(),
+        transport = %kind,
+        asap = ?endpoint.local_addrs(),
+        plain_tcp = ?endpoint.plain_asap_addrs(),
+        metrics = ?metrics_addr,
+        profile = core.config().profile.name(),
+        "registrar serving"
+    );
+    let _ = started.send(Running {
+        registrar_id: core.id(),
+        transport: kind,
+        asap_addrs: endpoint.local_addrs().to_vec(),
+        plain_tcp_addrs: endpoint.plain_asap_addrs().to_vec(),
+        metrics_addr,
+        metrics: shared_metrics.clone(),
+    });
+
+    tokio::pin!(shutdown);
+    loop {
+        let deadline = core
+            .poll_timeout()
+            .map(|d| epoch + d)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
+            event = endpoint.next_event() => {
+                let Some(event) = event else { break };
+                on_transport_event(&mut core, now(), event);
+            }
+        }
+        flush(&mut core, &handle, announce_socket.as_ref()).await;
+        let m = core.metrics().clone();
+        if let Ok(mut text) = metrics_text.lock() {
+            *text = m.render_prometheus();
+        }
+        if let Ok(mut shared) = shared_metrics.lock() {
+            *shared = m;
+        }
+    }
+    tracing::info!(registrar = %core.id(), "registrar shutting down");
+    endpoint.shutdown();
+    Ok(())
+}
+
+fn on_transport_event(core: &mut Registrar, now: Duration, event: Event) {
+    match event {
+        Event::AssociationUp {
+            id,
+            kind,
+            peer_addrs,
+            ..
+        } => {
+            let kind = match kind {
+                TransportAssociationKind::Sctp => AssociationKind::Sctp,
+                TransportAssociationKind::TcpMapped => AssociationKind::Tcp,
+                TransportAssociationKind::TcpPlain => AssociationKind::PlainTcp,
+            };
+            let port = peer_addrs.first().map(|a| a.port()).unwrap_or(0);
+            let mut addresses: Vec<_> = peer_addrs.iter().map(|a| a.ip()).collect();
+            addresses.dedup();
+            core.association_up(
+                now,
+                AssociationId(id.0),
+                PeerInfo {
+                    kind,
+                    addresses,
+                    port,
+                },
+            );
+        }
+        Event::Message { id, ppid, data, .. } => {
+            core.message(now, AssociationId(id.0), ppid, &data)
+        }
+        Event::AssociationDown { id, reason } => {
+            tracing::debug!(association = id.0, %reason, "association down");
+            core.association_down(now, AssociationId(id.0));
+        }
+        Event::PeerAddressChange { id, addr, state } => {
+            tracing::debug!(association = id.0, %addr, ?state, "peer address change");
+        }
+        Event::SendFailed { id, .. } => {
+            tracing::warn!(association = id.0, "send failed");
+        }
+    }
+}
+
+async fn flush(core: &mut Registrar, handle: &EndpointHandle, announce: Option<&MulticastSocket>) {
+    while let Some(t) = core.poll_transmit() {
+        match t.destination {
+            Destination::Association(a) => {
+                let id = rserpool_transport::AssociationId(a.0);
+                if let Err(e) = handle.try_send(id, t.ppid, 0, t.bytes).await {
+                    tracing::warn!(association = a.0, error = %e, "cannot send");
+                }
+            }
+            Destination::Announce => {
+                if let Some(s) = announce {
+                    if let Err(e) = s.send(&t.bytes).await {
+                        tracing::warn!(error = %e, "cannot send server announce");
+                    }
+                }
+            }
+        }
+    }
+    while let Some(e) = core.poll_event() {
+        log_event(handle, &e).await;
+    }
+}
+
+async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
+    match e {
+        RegistrarEvent::AssociationUp { association, peer } => tracing::debug!(
+            association = association.0,
+            kind = ?peer.kind,
+            peer = ?peer.addresses,
+            port = peer.port,
+            "association up"
+        ),
+        RegistrarEvent::AssociationRefused { association } => {
+            tracing::warn!(
+                association = association.0,
+                "association refused: association limit reached"
+            );
+            let _ = handle
+                .abort(rserpool_transport::AssociationId(association.0))
+                .await;
+        }
+        RegistrarEvent::Registered {
+            pool_handle,
+            element,
+            association,
+            new,
+            dropped_addresses,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %element.id,
+            association = association.0,
+            user_transport = %element.user_transport,
+            policy = %element.policy,
+            dropped = ?dropped_addresses,
+            "{}",
+            if *new { "registered" } else { "re-registered" }
+        ),
+        RegistrarEvent::RegistrationRejected {
+            pool_handle,
+            pe_id,
+            cause,
+            reason,
+        } => {
+            tracing::warn!(pool = %pool_handle, pe = %pe_id, %cause, %reason, "registration rejected")
+        }
+        RegistrarEvent::Removed {
+            pool_handle,
+            pe_id,
+            cause,
+        } => tracing::info!(pool = %pool_handle, pe = %pe_id, %cause, "removed"),
+        RegistrarEvent::HandleResolution {
+            association,
+            pool_handle,
+            selection,
+        } => match selection {
+            Some(s) => tracing::debug!(
+                association = association.0,
+                pool = %pool_handle,
+                policy = %s.policy,
+                candidates = s.pool_size,
+                selected = ?s.elements.iter().map(|e| (e.id, &e.basis)).collect::<Vec<_>>(),
+                "handle resolution"
+            ),
+            None => {
+                tracing::debug!(association = association.0, pool = %pool_handle, "handle resolution: unknown pool handle")
+            }
+        },
+        RegistrarEvent::KeepAliveSent { pool_handle, pe_id } => {
+            tracing::trace!(pool = %pool_handle, pe = %pe_id, "keep-alive sent")
+        }
+        RegistrarEvent::KeepAliveAcked { pool_handle, pe_id } => {
+            tracing::trace!(pool = %pool_handle, pe = %pe_id, "keep-alive acknowledged")
+        }
+        RegistrarEvent::UnreachableReported {
+            pool_handle,
+            pe_id,
+            count,
+        } => tracing::info!(pool = %pool_handle, pe = %pe_id, count, "reported unreachable"),
+        RegistrarEvent::RateLimited { association, what } => {
+            tracing::warn!(association = association.0, request = ?what, "rate limited")
+        }
+        RegistrarEvent::Malformed {
+            association,
+            error,
+            answered,
+        } => tracing::warn!(association = association.0, %error, answered, "malformed message"),
+        RegistrarEvent::Ignored {
+            association,
+            message,
+            reason,
+        } => tracing::debug!(association = association.0, message, reason, "ignored"),
+    }
+}

@@ -1,0 +1,18 @@
+//! The RSerPool registrar: ASAP towards pool elements and pool users (RFC 5352), built as a
+//! sans-IO core ([`Registrar`]) that a thin tokio driver runs.
+
+#![warn(missing_docs)]
+
+mod config;
+mod core;
+pub mod driver;
+mod http;
+mod metrics;
+mod rate;
+
+pub use crate::config::{AddressScope, AnnounceConfig, Profile, RateLimit, RegistrarConfig};
+pub use crate::core::{
+    AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent, Transmit,
+};
+pub use crate::metrics::{Metrics, RateLimited, RemovalCause};
+pub use rserpool_handlespace::AssociationId;

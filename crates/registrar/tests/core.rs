@@ -1,0 +1,884 @@
+//! The registrar core driven directly with virtual time: every ASAP procedure towards PEs and
+//! PUs, each removal cause, each consistency reject, rate limits and malformed input.
+
+use rserpool_registrar::{
+    AssociationId, AssociationKind, Destination, PeerInfo, Profile, RateLimit, RateLimited,
+    Registrar, RegistrarConfig, RegistrarEvent, RemovalCause,
+};
+use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_wire::{
+    CauseCode, Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
+    RegistrationLife, TransportAddress, TransportUse, UserTransport,
+};
+use std::net::IpAddr;
+use std::time::Duration;
+
+const PE_ADDR: &str = "10.255.0.1";
+const PU_ADDR: &str = "10.255.0.2";
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+struct Harness {
+    r: Registrar,
+    codec: Codec,
+    now: Duration,
+}
+
+impl Harness {
+    fn new(profile: Profile, tweak: impl FnOnce(&mut RegistrarConfig)) -> Self {
+        let mut config = RegistrarConfig::new(profile);
+        config.registrar_id = RegistrarId(0x1234_5678);
+        config.seed = Some(7);
+        config.announce = None;
+        tweak(&mut config);
+        let codec = Codec::new(config.codec);
+        Harness {
+            r: Registrar::new(config, Duration::ZERO),
+            codec,
+            now: Duration::ZERO,
+        }
+    }
+
+    fn rsplib() -> Self {
+        Self::new(Profile::Rsplib, |_| {})
+    }
+
+    fn up(&mut self, id: u64, addr: &str) -> AssociationId {
+        let a = AssociationId(id);
+        self.r.association_up(
+            self.now,
+            a,
+            PeerInfo {
+                kind: AssociationKind::Sctp,
+                addresses: vec![addr.parse().unwrap()],
+                port: 40_000 + id as u16,
+            },
+        );
+        a
+    }
+
+    fn send(&mut self, a: AssociationId, m: AsapMessage) {
+        let b = self.codec.encode(&m).unwrap();
+        self.r.message(self.now, a, Protocol::Asap.ppid(), &b);
+    }
+
+    fn raw(&mut self, a: AssociationId, b: &[u8]) {
+        self.r.message(self.now, a, Protocol::Asap.ppid(), b);
+    }
+
+    /// Advances virtual time to `t`, running every timer due on the way.
+    fn advance_to(&mut self, t: Duration) {
+        while let Some(due) = self.r.poll_timeout() {
+            if due > t {
+                break;
+            }
+            self.now = due.max(self.now);
+            self.r.handle_timeout(self.now);
+        }
+        self.now = t;
+        self.r.handle_timeout(t);
+    }
+
+    /// Every message sent since the last call, decoded, with its destination.
+    fn sent(&mut self) -> Vec<(Destination, AsapMessage)> {
+        std::iter::from_fn(|| self.r.poll_transmit())
+            .map(|t| {
+                assert_eq!(t.ppid, 11);
+                (
+                    t.destination,
+                    self.codec.decode::<AsapMessage>(&t.bytes).unwrap().message,
+                )
+            })
+            .collect()
+    }
+
+    fn sent_to(&mut self, a: AssociationId) -> Vec<AsapMessage> {
+        self.sent()
+            .into_iter()
+            .filter(|(d, _)| *d == Destination::Association(a))
+            .map(|(_, m)| m)
+            .collect()
+    }
+
+    fn events(&mut self) -> Vec<RegistrarEvent> {
+        std::iter::from_fn(|| self.r.poll_event()).collect()
+    }
+
+    fn removals(&mut self) -> Vec<(PoolElementId, RemovalCause)> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                RegistrarEvent::Removed { pe_id, cause, .. } => Some((pe_id, cause)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn pe(id: u32, policy: PoolPolicy) -> PoolElement {
+    PoolElement {
+        id: PoolElementId(id),
+        home_registrar: RegistrarId(0),
+        registration_life: RegistrationLife::Finite(Duration::from_secs(90)),
+        user_transport: UserTransport::Address(TransportAddress::sctp(
+            7000 + id as u16,
+            TransportUse::DataPlusControl,
+            vec![PE_ADDR.parse().unwrap()],
+        )),
+        policy,
+        asap_transport: None,
+    }
+}
+
+fn registration(pool: &str, pe: PoolElement) -> AsapMessage {
+    AsapMessage::Registration(asap::Registration {
+        pool_handle: PoolHandle::from(pool),
+        pool_element: pe,
+    })
+}
+
+fn resolution(pool: &str, items: Option<u32>) -> AsapMessage {
+    AsapMessage::HandleResolution(asap::HandleResolution {
+        subscribe: false,
+        pool_handle: PoolHandle::from(pool),
+        option: items.map(|items| rserpool_wire::HandleResolutionOption { items }),
+    })
+}
+
+fn expect_accepted(m: &[AsapMessage], id: u32) {
+    assert!(
+        m.iter()
+            .any(|m| matches!(m, AsapMessage::RegistrationResponse(r)
+            if !r.reject && r.pe_id.0 == id && r.error.is_none())),
+        "no accepting response for {id}: {m:?}"
+    );
+}
+
+fn expect_rejected(m: &[AsapMessage], id: u32) -> rserpool_wire::ErrorCause {
+    m.iter()
+        .find_map(|m| match m {
+            AsapMessage::RegistrationResponse(r) if r.reject && r.pe_id.0 == id => {
+                Some(r.error.as_ref().expect("a reject says why").causes[0].clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no reject for {id}: {m:?}"))
+}
+
+#[test]
+fn register_resolve_reregister_deregister() {
+    let mut h = Harness::rsplib();
+    let pe_assoc = h.up(1, PE_ADDR);
+    let pu = h.up(2, PU_ADDR);
+    h.send(
+        pe_assoc,
+        registration("EchoPool", pe(0xaaaa, PoolPolicy::RoundRobin)),
+    );
+    expect_accepted(&h.sent_to(pe_assoc), 0xaaaa);
+    assert_eq!(h.r.metrics().registrations, 1);
+    let stored =
+        h.r.handlespace()
+            .find(&PoolHandle::from("EchoPool"), PoolElementId(0xaaaa))
+            .unwrap();
+    assert_eq!(stored.home_registrar(), RegistrarId(0x1234_5678));
+    let asap_transport = stored
+        .element()
+        .asap_transport
+        .clone()
+        .expect("ASAP transport recorded");
+    assert_eq!(
+        asap_transport.addresses,
+        vec![PE_ADDR.parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(asap_transport.port, 40_001);
+
+    h.send(pu, resolution("EchoPool", None));
+    let answer = h.sent_to(pu);
+    let AsapMessage::HandleResolutionResponse(r) = &answer[0] else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(r.pool_elements.len(), 1);
+    assert_eq!(r.pool_elements[0].id, PoolElementId(0xaaaa));
+    assert_eq!(r.pool_elements[0].home_registrar, RegistrarId(0x1234_5678));
+    assert!(
+        r.pool_elements[0].asap_transport.is_none(),
+        "PUs get the user transport only"
+    );
+    assert_eq!(r.overall_policy, Some(PoolPolicy::RoundRobin));
+    assert!(r.error.is_none());
+
+    // Re-registration with a new policy value updates the entry.
+    h.send(
+        pe_assoc,
+        registration("EchoPool", pe(0xaaaa, PoolPolicy::RoundRobin)),
+    );
+    expect_accepted(&h.sent_to(pe_assoc), 0xaaaa);
+    assert_eq!(
+        (h.r.metrics().registrations, h.r.metrics().reregistrations),
+        (1, 1)
+    );
+    assert_eq!(h.r.handlespace().len(), 1);
+
+    h.send(
+        pe_assoc,
+        AsapMessage::Deregistration(asap::Deregistration {
+            pool_handle: PoolHandle::from("EchoPool"),
+            pe_id: PoolElementId(0xaaaa),
+        }),
+    );
+    let answer = h.sent_to(pe_assoc);
+    assert!(matches!(&answer[0], AsapMessage::DeregistrationResponse(d) if d.error.is_none()));
+    assert_eq!(
+        h.removals(),
+        vec![(PoolElementId(0xaaaa), RemovalCause::Deregistered)]
+    );
+    assert!(h.r.handlespace().is_empty());
+
+    h.send(pu, resolution("EchoPool", None));
+    let answer = h.sent_to(pu);
+    let AsapMessage::HandleResolutionResponse(r) = &answer[0] else {
+        panic!()
+    };
+    assert!(r.pool_elements.is_empty());
+    assert_eq!(
+        r.error.as_ref().unwrap().code(),
+        Some(CauseCode::UnknownPoolHandle)
+    );
+    assert_eq!(h.r.metrics().resolutions_unknown_pool, 1);
+}
+
+#[test]
+fn handle_resolution_items_follow_the_option_and_the_limit() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.default_handle_resolution_items = 4;
+        c.max_handle_resolution_items = 5;
+    });
+    let a = h.up(1, PE_ADDR);
+    for id in 1..=6 {
+        h.send(a, registration("P", pe(id, PoolPolicy::RoundRobin)));
+    }
+    h.sent();
+    let pu = h.up(2, PU_ADDR);
+    for (option, expected) in [
+        (None, 4),
+        (Some(0), 4),
+        (Some(2), 2),
+        (Some(1), 1),
+        (Some(100), 5),
+        (Some(u32::MAX), 5),
+    ] {
+        h.send(pu, resolution("P", option));
+        let answer = h.sent_to(pu);
+        let AsapMessage::HandleResolutionResponse(r) = &answer[0] else {
+            panic!()
+        };
+        assert_eq!(r.pool_elements.len(), expected, "option {option:?}");
+        let mut ids: Vec<_> = r.pool_elements.iter().map(|p| p.id).collect();
+        ids.dedup();
+        assert_eq!(ids.len(), expected, "no duplicates");
+    }
+}
+
+#[test]
+fn registration_life_expiry_removes_the_pe_and_tells_it() {
+    let mut h = Harness::new(Profile::Rfc, |c| {
+        c.keep_alive_interval = Duration::from_secs(60)
+    });
+    let a = h.up(1, PE_ADDR);
+    let mut short = pe(5, PoolPolicy::RoundRobin);
+    short.registration_life = RegistrationLife::Finite(ms(2000));
+    h.send(a, registration("P", short));
+    h.sent();
+    h.advance_to(ms(1999));
+    assert_eq!(h.r.handlespace().len(), 1);
+    h.advance_to(ms(2000));
+    assert_eq!(
+        h.removals(),
+        vec![(PoolElementId(5), RemovalCause::LifeExpired)]
+    );
+    assert!(h
+        .sent_to(a)
+        .iter()
+        .any(|m| matches!(m, AsapMessage::DeregistrationResponse(d) if d.pe_id.0 == 5)));
+    assert_eq!(h.r.metrics().removals_by(RemovalCause::LifeExpired), 1);
+}
+
+#[test]
+fn rsplib_profile_relies_on_keep_alives_not_on_the_life() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.keep_alive_timeout = Duration::from_secs(1)
+    });
+    let a = h.up(1, PE_ADDR);
+    let mut short = pe(5, PoolPolicy::RoundRobin);
+    short.registration_life = RegistrationLife::Finite(ms(2000));
+    h.send(a, registration("P", short));
+    h.sent();
+    // Answer every keep-alive for a minute: the PE stays although its life was 2 s.
+    let mut t = Duration::ZERO;
+    while t < Duration::from_secs(60) {
+        t += ms(100);
+        h.advance_to(t);
+        for m in h.sent_to(a) {
+            if let AsapMessage::EndpointKeepAlive(k) = m {
+                h.send(
+                    a,
+                    AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
+                        pool_handle: k.pool_handle,
+                        pe_id: k.pe_id.unwrap(),
+                    }),
+                );
+            }
+        }
+    }
+    assert_eq!(h.r.handlespace().len(), 1);
+    assert!(h.r.metrics().keep_alives_acked >= 10);
+    assert!(h.removals().is_empty());
+}
+
+#[test]
+fn reregistration_extends_the_life() {
+    let mut h = Harness::new(Profile::Rfc, |c| {
+        c.keep_alive_interval = Duration::from_secs(60)
+    });
+    let a = h.up(1, PE_ADDR);
+    let mut short = pe(5, PoolPolicy::RoundRobin);
+    short.registration_life = RegistrationLife::Finite(ms(2000));
+    h.send(a, registration("P", short.clone()));
+    h.advance_to(ms(1500));
+    h.send(a, registration("P", short));
+    h.advance_to(ms(3000));
+    assert_eq!(
+        h.r.handlespace().len(),
+        1,
+        "life counted from the re-registration"
+    );
+    h.advance_to(ms(3500));
+    assert_eq!(
+        h.removals(),
+        vec![(PoolElementId(5), RemovalCause::LifeExpired)]
+    );
+}
+
+#[test]
+fn keep_alives_are_sent_answered_and_missed() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.keep_alive_interval = Duration::from_secs(5);
+        c.keep_alive_jitter = 0.2;
+        c.keep_alive_timeout = Duration::from_secs(2);
+    });
+    let a = h.up(1, PE_ADDR);
+    h.send(a, registration("P", pe(9, PoolPolicy::RoundRobin)));
+    h.sent();
+    // The first keep-alive comes within interval × (1 ± jitter).
+    h.advance_to(ms(3999));
+    assert!(h.sent().is_empty());
+    h.advance_to(ms(6001));
+    let sent = h.sent_to(a);
+    let [AsapMessage::EndpointKeepAlive(k)] = &sent[..] else {
+        panic!("{sent:?}")
+    };
+    assert!(!k.home);
+    assert_eq!(k.server_id, RegistrarId(0x1234_5678));
+    assert_eq!(
+        k.pe_id,
+        Some(PoolElementId(9)),
+        "RSPLIB's keep-alive names the PE"
+    );
+    h.send(
+        a,
+        AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
+            pool_handle: PoolHandle::from("P"),
+            pe_id: PoolElementId(9),
+        }),
+    );
+    assert_eq!(h.r.metrics().keep_alives_acked, 1);
+    // Next keep-alive, not answered: removed one timeout later.
+    let acked_at = h.now;
+    let mut t = acked_at;
+    while h.sent_to(a).is_empty() {
+        t += ms(10);
+        h.advance_to(t);
+        assert!(
+            t <= acked_at + ms(6010),
+            "next keep-alive within interval × 1.2"
+        );
+    }
+    assert!(t >= acked_at + ms(4000), "not before interval × 0.8");
+    let sent_at = h.now;
+    h.advance_to(sent_at + ms(1000));
+    assert_eq!(h.r.handlespace().len(), 1);
+    h.advance_to(sent_at + ms(2100));
+    assert_eq!(
+        h.removals(),
+        vec![(PoolElementId(9), RemovalCause::KeepAliveTimeout)]
+    );
+    assert_eq!(h.r.metrics().keep_alives_missed, 1);
+    assert_eq!(h.r.metrics().keep_alives_sent, 2);
+}
+
+#[test]
+fn rfc_profile_keep_alive_has_no_pe_identifier() {
+    let mut h = Harness::new(Profile::Rfc, |c| c.keep_alive_jitter = 0.0);
+    let a = h.up(1, PE_ADDR);
+    h.send(a, registration("P", pe(9, PoolPolicy::RoundRobin)));
+    h.sent();
+    h.advance_to(Duration::from_secs(5));
+    let sent = h.sent_to(a);
+    assert!(
+        matches!(&sent[..], [AsapMessage::EndpointKeepAlive(k)] if k.pe_id.is_none()),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn association_loss_removes_its_pes_only() {
+    let mut h = Harness::rsplib();
+    let a = h.up(1, PE_ADDR);
+    let b = h.up(2, "10.255.0.3");
+    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    h.send(a, registration("Q", pe(2, PoolPolicy::RoundRobin)));
+    let mut other = pe(3, PoolPolicy::RoundRobin);
+    other.user_transport = UserTransport::Address(TransportAddress::sctp(
+        1,
+        TransportUse::DataPlusControl,
+        vec!["10.255.0.3".parse().unwrap()],
+    ));
+    h.send(b, registration("P", other));
+    h.events();
+    h.r.association_down(h.now, a);
+    let mut removed = h.removals();
+    removed.sort();
+    assert_eq!(
+        removed,
+        vec![
+            (PoolElementId(1), RemovalCause::AssociationLost),
+            (PoolElementId(2), RemovalCause::AssociationLost)
+        ]
+    );
+    assert_eq!(h.r.handlespace().len(), 1);
+    assert_eq!(h.r.metrics().associations, 1);
+}
+
+#[test]
+fn unreachable_reports_remove_at_the_threshold() {
+    let mut h = Harness::rsplib();
+    let a = h.up(1, PE_ADDR);
+    let pu = h.up(2, PU_ADDR);
+    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    h.sent();
+    let report = AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
+        pool_handle: PoolHandle::from("P"),
+        pe_id: PoolElementId(1),
+    });
+    h.send(pu, report.clone());
+    h.send(pu, report.clone());
+    assert_eq!(h.r.handlespace().len(), 1);
+    assert!(h.sent().is_empty(), "the rsplib profile only counts");
+    h.send(pu, report);
+    assert!(h
+        .removals()
+        .contains(&(PoolElementId(1), RemovalCause::UnreachableReports)));
+    assert_eq!(h.r.metrics().unreachable_reports, 3);
+}
+
+#[test]
+fn rfc_profile_probes_a_reported_pe_at_once() {
+    let mut h = Harness::new(Profile::Rfc, |c| {
+        c.keep_alive_timeout = Duration::from_secs(1)
+    });
+    let a = h.up(1, PE_ADDR);
+    let pu = h.up(2, PU_ADDR);
+    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    h.sent();
+    h.send(
+        pu,
+        AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
+            pool_handle: PoolHandle::from("P"),
+            pe_id: PoolElementId(1),
+        }),
+    );
+    let sent = h.sent_to(a);
+    assert!(
+        matches!(&sent[..], [AsapMessage::EndpointKeepAlive(_)]),
+        "{sent:?}"
+    );
+    h.advance_to(h.now + ms(1001));
+    assert!(h
+        .removals()
+        .contains(&(PoolElementId(1), RemovalCause::KeepAliveTimeout)));
+}
+
+#[test]
+fn consistency_rejects_carry_the_right_cause() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.handlespace.max_pool_elements_per_pool = 2
+    });
+    let a = h.up(1, PE_ADDR);
+    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    h.sent();
+    // 0x5: another policy; the cause quotes the policy parameter.
+    h.send(
+        a,
+        registration("P", pe(2, PoolPolicy::LeastUsed { load: 1 })),
+    );
+    let c = expect_rejected(&h.sent_to(a), 2);
+    assert_eq!(c.code, CauseCode::InconsistentPoolingPolicy);
+    assert_eq!(
+        c.info,
+        PoolPolicy::LeastUsed { load: 1 }.to_parameter().unwrap()
+    );
+    // 0x7: another transport type.
+    let mut tcp = pe(3, PoolPolicy::RoundRobin);
+    tcp.user_transport =
+        UserTransport::Address(TransportAddress::tcp(80, PE_ADDR.parse().unwrap()));
+    h.send(a, registration("P", tcp));
+    assert_eq!(
+        expect_rejected(&h.sent_to(a), 3).code,
+        CauseCode::InconsistentTransportType
+    );
+    // 0x8: another transport use.
+    let mut data_only = pe(4, PoolPolicy::RoundRobin);
+    data_only.user_transport = UserTransport::Address(TransportAddress::sctp(
+        1,
+        TransportUse::DataOnly,
+        vec![PE_ADDR.parse().unwrap()],
+    ));
+    h.send(a, registration("P", data_only));
+    assert_eq!(
+        expect_rejected(&h.sent_to(a), 4).code,
+        CauseCode::InconsistentDataControlConfiguration
+    );
+    // 0x6: the pool is full.
+    h.send(a, registration("P", pe(5, PoolPolicy::RoundRobin)));
+    expect_accepted(&h.sent_to(a), 5);
+    h.send(a, registration("P", pe(6, PoolPolicy::RoundRobin)));
+    assert_eq!(
+        expect_rejected(&h.sent_to(a), 6).code,
+        CauseCode::LackOfResources
+    );
+    // 0x3: no user address is the association's.
+    let mut elsewhere = pe(7, PoolPolicy::RoundRobin);
+    elsewhere.user_transport = UserTransport::Address(TransportAddress::sctp(
+        1,
+        TransportUse::DataPlusControl,
+        vec!["192.0.2.1".parse().unwrap()],
+    ));
+    h.send(a, registration("Q", elsewhere));
+    assert_eq!(
+        expect_rejected(&h.sent_to(a), 7).code,
+        CauseCode::InvalidValues
+    );
+    // 0x3: an unknown policy type.
+    h.send(
+        a,
+        registration(
+            "R",
+            pe(
+                8,
+                PoolPolicy::Other {
+                    policy_type: 0xc000_0001,
+                    data: vec![],
+                },
+            ),
+        ),
+    );
+    assert_eq!(
+        expect_rejected(&h.sent_to(a), 8).code,
+        CauseCode::InvalidValues
+    );
+    let m = h.r.metrics();
+    assert_eq!(m.registration_rejects[5], 1);
+    assert_eq!(m.registration_rejects[7], 1);
+    assert_eq!(m.registration_rejects[8], 1);
+    assert_eq!(m.registration_rejects[6], 1);
+    assert_eq!(m.registration_rejects[3], 2);
+    let reasons: Vec<String> = h
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            RegistrarEvent::RegistrationRejected { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("192.0.2.1")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn rate_limits_refuse_and_count_per_client() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.handle_resolution_rate = Some(RateLimit {
+            rate: 1.0,
+            burst: 2.0,
+        });
+        c.endpoint_unreachable_rate = Some(RateLimit {
+            rate: 1.0,
+            burst: 1.0,
+        });
+    });
+    let a = h.up(1, PE_ADDR);
+    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    let pu = h.up(2, PU_ADDR);
+    let other = h.up(3, "10.255.0.4");
+    h.sent();
+    for _ in 0..3 {
+        h.send(pu, resolution("P", None));
+    }
+    let answers = h.sent_to(pu);
+    assert_eq!(answers.len(), 3);
+    let refused = answers
+        .iter()
+        .filter(|m| {
+            matches!(m, AsapMessage::HandleResolutionResponse(r)
+            if r.error.as_ref().and_then(|e| e.code()) == Some(CauseCode::RejectedSecurity))
+        })
+        .count();
+    assert_eq!(refused, 1);
+    // Another client is not affected, and the limited one recovers with time.
+    h.send(other, resolution("P", None));
+    assert!(
+        matches!(&h.sent_to(other)[0], AsapMessage::HandleResolutionResponse(r) if r.error.is_none())
+    );
+    h.advance_to(h.now + ms(1000));
+    h.send(pu, resolution("P", None));
+    assert!(
+        matches!(&h.sent_to(pu)[0], AsapMessage::HandleResolutionResponse(r) if r.error.is_none())
+    );
+    // Unreachable reports beyond the rate are not counted against the PE.
+    let report = AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
+        pool_handle: PoolHandle::from("P"),
+        pe_id: PoolElementId(1),
+    });
+    for _ in 0..5 {
+        h.send(pu, report.clone());
+    }
+    assert_eq!(h.r.metrics().unreachable_reports, 1);
+    assert_eq!(
+        h.r.metrics()
+            .rate_limited_by(RateLimited::EndpointUnreachable),
+        4
+    );
+    assert_eq!(
+        h.r.metrics().rate_limited_by(RateLimited::HandleResolution),
+        1
+    );
+    assert_eq!(h.r.handlespace().len(), 1);
+}
+
+#[test]
+fn malformed_input_is_answered_and_others_keep_being_served() {
+    let mut h = Harness::rsplib();
+    let bad = h.up(1, PE_ADDR);
+    let good = h.up(2, PU_ADDR);
+    let pe_assoc = h.up(3, "10.255.0.3");
+    let mut e = pe(1, PoolPolicy::RoundRobin);
+    e.user_transport = UserTransport::Address(TransportAddress::sctp(
+        1,
+        TransportUse::DataPlusControl,
+        vec!["10.255.0.3".parse().unwrap()],
+    ));
+    h.send(pe_assoc, registration("P", e));
+    h.sent();
+    // Truncated registration: ASAP_ERROR with Invalid Values.
+    h.raw(bad, &[0x01, 0x00, 0x00, 0x38, 0x00, 0x09]);
+    // Unknown message type whose action bits ask for a report.
+    h.raw(bad, &[0x4f, 0x00, 0x00, 0x04]);
+    // Unknown message type to be dropped silently.
+    h.raw(bad, &[0x0f, 0x00, 0x00, 0x04]);
+    let answers = h.sent_to(bad);
+    let causes: Vec<CauseCode> = answers
+        .iter()
+        .map(|m| match m {
+            AsapMessage::Error(e) => e.error.causes[0].code,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        causes,
+        vec![CauseCode::InvalidValues, CauseCode::UnrecognizedMessage]
+    );
+    assert_eq!(h.r.metrics().malformed_messages, 3);
+    h.send(good, resolution("P", None));
+    assert!(
+        matches!(&h.sent_to(good)[0], AsapMessage::HandleResolutionResponse(r) if r.pool_elements.len() == 1)
+    );
+}
+
+#[test]
+fn association_limit_refuses_the_extra_one() {
+    let mut h = Harness::new(Profile::Rsplib, |c| c.max_associations = 1);
+    let a = h.up(1, PE_ADDR);
+    let b = h.up(2, PU_ADDR);
+    let events = h.events();
+    assert!(events.contains(&RegistrarEvent::AssociationRefused { association: b }));
+    h.send(b, resolution("P", None));
+    assert!(
+        h.sent_to(b).is_empty(),
+        "a refused association is not served"
+    );
+    h.send(a, resolution("P", None));
+    assert_eq!(h.sent_to(a).len(), 1);
+    assert_eq!(h.r.metrics().associations_refused, 1);
+}
+
+#[test]
+fn server_announces_every_t6_with_jitter() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.announce = Some(rserpool_registrar::AnnounceConfig {
+            group: Profile::Rsplib.announce_group(),
+            interval: Duration::from_secs(1),
+            jitter: 0.125,
+            transports: vec![TransportAddress::sctp(
+                3863,
+                TransportUse::DataOnly,
+                vec!["10.255.0.1".parse().unwrap()],
+            )],
+        })
+    });
+    let mut times = Vec::new();
+    let mut t = Duration::ZERO;
+    while times.len() < 20 {
+        t += ms(10);
+        h.advance_to(t);
+        for (d, m) in h.sent() {
+            assert_eq!(d, Destination::Announce);
+            let AsapMessage::ServerAnnounce(a) = m else {
+                panic!()
+            };
+            assert_eq!(a.server_id, RegistrarId(0x1234_5678));
+            assert_eq!(a.transports.len(), 1);
+            times.push(t);
+        }
+    }
+    for w in times.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(gap >= ms(870) && gap <= ms(1135), "gap {gap:?}");
+    }
+    // With 3 ENRP peers known, the cycle is 4 × T6.
+    h.r.set_enrp_peer_count(3);
+    let start = *times.last().unwrap();
+    let mut next = None;
+    let mut t = start;
+    let mut first_after = None;
+    while next.is_none() {
+        t += ms(10);
+        h.advance_to(t);
+        if !h.sent().is_empty() {
+            if first_after.is_none() {
+                first_after = Some(t);
+            } else {
+                next = Some(t);
+            }
+        }
+    }
+    let gap = next.unwrap() - first_after.unwrap();
+    assert!(gap >= ms(3490) && gap <= ms(4510), "gap {gap:?}");
+}
+
+#[test]
+fn user_addresses_outside_the_association_or_too_narrow_are_dropped() {
+    let mut h = Harness::rsplib();
+    let a = h.up(1, PE_ADDR);
+    let mut mixed = pe(1, PoolPolicy::RoundRobin);
+    mixed.user_transport = UserTransport::Address(TransportAddress::sctp(
+        1,
+        TransportUse::DataPlusControl,
+        vec![
+            "192.0.2.1".parse().unwrap(),
+            PE_ADDR.parse().unwrap(),
+            "127.0.0.1".parse().unwrap(),
+        ],
+    ));
+    h.send(a, registration("P", mixed));
+    expect_accepted(&h.sent_to(a), 1);
+    let stored =
+        h.r.handlespace()
+            .find(&PoolHandle::from("P"), PoolElementId(1))
+            .unwrap();
+    assert_eq!(
+        stored.element().user_transport.addresses(),
+        &[PE_ADDR.parse::<IpAddr>().unwrap()]
+    );
+    let dropped = h
+        .events()
+        .into_iter()
+        .find_map(|e| match e {
+            RegistrarEvent::Registered {
+                dropped_addresses, ..
+            } => Some(dropped_addresses),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        dropped,
+        vec![
+            "192.0.2.1".parse::<IpAddr>().unwrap(),
+            "127.0.0.1".parse().unwrap()
+        ]
+    );
+    // With the minimum scope lowered to loopback, a PE on a loopback association registers.
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.min_address_scope = rserpool_registrar::AddressScope::Loopback
+    });
+    let a = h.up(1, "127.0.0.1");
+    let mut local = pe(2, PoolPolicy::RoundRobin);
+    local.user_transport = UserTransport::Address(TransportAddress::sctp(
+        1,
+        TransportUse::DataPlusControl,
+        vec!["127.0.0.1".parse().unwrap()],
+    ));
+    h.send(a, registration("P", local.clone()));
+    expect_accepted(&h.sent_to(a), 2);
+    // And refused under the default (site-local): neither user nor ASAP address qualifies.
+    let mut h = Harness::rsplib();
+    let a = h.up(1, "127.0.0.1");
+    h.send(a, registration("P", local));
+    assert_eq!(
+        expect_rejected(&h.sent_to(a), 2).code,
+        CauseCode::InvalidValues
+    );
+}
+
+#[test]
+fn deregistering_an_unknown_pe_is_answered_as_success() {
+    let mut h = Harness::rsplib();
+    let a = h.up(1, PE_ADDR);
+    h.send(
+        a,
+        AsapMessage::Deregistration(asap::Deregistration {
+            pool_handle: PoolHandle::from("Nowhere"),
+            pe_id: PoolElementId(77),
+        }),
+    );
+    let sent = h.sent_to(a);
+    assert!(
+        matches!(&sent[..], [AsapMessage::DeregistrationResponse(d)] if d.error.is_none() && d.pe_id.0 == 77)
+    );
+    assert_eq!(h.r.metrics().deregistrations, 0);
+}
+
+#[test]
+fn overall_policy_carries_the_first_selected_pe_values() {
+    let mut h = Harness::rsplib();
+    let a = h.up(1, PE_ADDR);
+    h.send(
+        a,
+        registration("LU", pe(1, PoolPolicy::LeastUsed { load: 500 })),
+    );
+    h.send(
+        a,
+        registration("LU", pe(2, PoolPolicy::LeastUsed { load: 100 })),
+    );
+    h.sent();
+    h.send(a, resolution("LU", Some(2)));
+    let sent = h.sent_to(a);
+    let AsapMessage::HandleResolutionResponse(r) = &sent[0] else {
+        panic!()
+    };
+    assert_eq!(r.pool_elements[0].id, PoolElementId(2), "least used first");
+    assert_eq!(r.overall_policy, Some(PoolPolicy::LeastUsed { load: 100 }));
+}
