@@ -1,5 +1,6 @@
 //! `rserpool`: the command-line entry point of the project.
 
+mod bench;
 mod decode;
 mod demo;
 mod registrar;
@@ -30,6 +31,8 @@ enum Command {
     Resolve(resolve::ResolveArgs),
     /// Decode the ASAP and ENRP messages of a pcap file (default: a bundled RSPLIB capture).
     Decode(decode::DecodeArgs),
+    /// Load a registrar (rserpool's or RSPLIB's) with handle resolutions and registrations.
+    Bench(bench::BenchArgs),
 }
 
 /// Resolves when SIGINT or SIGTERM arrives.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Registrar(args) => registrar::run_registrar(*args),
         Command::Resolve(args) => resolve::run(args),
         Command::Decode(args) => decode::run(&args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

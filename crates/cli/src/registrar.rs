@@ -312,8 +312,9 @@ impl RegistrarArgs {
 /// Runs the registrar until SIGINT or SIGTERM.
 pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
     let config = args.into_config()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the registrar core is one state machine, and the transport's reader and the
+    // core hand messages to each other without crossing threads.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {

@@ -597,7 +597,6 @@ impl Registrar {
                     ),
                 );
             }
-            let quoted = t.to_parameter().unwrap_or_default();
             let check_peer = self.config.check_user_transport_addresses
                 && peer.kind != AssociationKind::PlainTcp;
             let min_scope = self.config.min_address_scope;
@@ -606,7 +605,7 @@ impl Registrar {
             });
             if keep.is_empty() {
                 return invalid(
-                    quoted,
+                    t.to_parameter().unwrap_or_default(),
                     format!(
                         "no usable user transport address: {:?} are not addresses of the association ({:?}) with scope {} or wider",
                         drop,

@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Most transport events handled before the answers are sent and the metrics published.
+const MAX_BATCH: usize = 256;
+
 /// Where and how the registrar listens.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -141,7 +144,7 @@ pub async fn run(
         announce_socket = Some(MulticastSocket::open(&mc)?);
     }
 
-    let metrics_text = Arc::new(Mutex::new(String::new()));
+    let shared_metrics = Arc::new(Mutex::new(Metrics::default()));
     let metrics_addr = match config.metrics_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -152,7 +155,7 @@ pub async fn run(
                     source,
                 })?;
             let bound = listener.local_addr().ok();
-            tokio::spawn(crate::http::serve(listener, metrics_text.clone()));
+            tokio::spawn(crate::http::serve(listener, shared_metrics.clone()));
             bound
         }
         None => None,
@@ -161,7 +164,6 @@ pub async fn run(
     let epoch = Instant::now();
     let now = || epoch.elapsed();
     let mut core = Registrar::new(config.core.clone(), now());
-    let shared_metrics = Arc::new(Mutex::new(core.metrics().clone()));
     tracing::info!(
         registrar = %core.id(),
         transport = %kind,
@@ -192,15 +194,16 @@ pub async fn run(
             event = endpoint.next_event() => {
                 let Some(event) = event else { break };
                 on_transport_event(&mut core, now(), event);
+                // Take what else is queued before answering: one flush per batch.
+                for _ in 0..MAX_BATCH {
+                    let Some(event) = endpoint.try_next_event() else { break };
+                    on_transport_event(&mut core, now(), event);
+                }
             }
         }
         flush(&mut core, &handle, announce_socket.as_ref()).await;
-        let m = core.metrics().clone();
-        if let Ok(mut text) = metrics_text.lock() {
-            *text = m.render_prometheus();
-        }
         if let Ok(mut shared) = shared_metrics.lock() {
-            *shared = m;
+            shared.clone_from(core.metrics());
         }
     }
     tracing::info!(registrar = %core.id(), "registrar shutting down");

@@ -1,6 +1,7 @@
 //! A minimal HTTP/1.1 responder for the metrics endpoint: `GET /metrics` (Prometheus text) and
 //! `GET /healthz`. One request per connection, bounded request size, no keep-alive.
 
+use crate::metrics::Metrics;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -8,8 +9,8 @@ use tokio::net::TcpListener;
 /// Largest request head read; larger requests get 431.
 const MAX_REQUEST: usize = 8192;
 
-/// Serves the text in `metrics` until the task is dropped.
-pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Mutex<String>>) {
+/// Serves the metrics, rendered at each request, until the task is dropped.
+pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Mutex<Metrics>>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
@@ -45,7 +46,10 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Mutex<String>>) {
                 ("GET", "/metrics") => (
                     "200 OK",
                     "text/plain; version=0.0.4",
-                    metrics.lock().map(|m| m.clone()).unwrap_or_default(),
+                    metrics
+                        .lock()
+                        .map(|m| m.render_prometheus())
+                        .unwrap_or_default(),
                 ),
                 ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
                 ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
