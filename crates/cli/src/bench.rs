@@ -81,7 +81,9 @@ async fn connect(args: &BenchArgs) -> Result<Conn> {
     let id = endpoint.handle().connect(&[args.registrar]).await?;
     loop {
         match endpoint.next_event().await {
-            Some(Event::AssociationUp { id: up, .. }) if up == id => return Ok(Conn { endpoint, id }),
+            Some(Event::AssociationUp { id: up, .. }) if up == id => {
+                return Ok(Conn { endpoint, id })
+            }
             Some(Event::AssociationDown { reason, .. }) => {
                 bail!("cannot reach the registrar at {}: {reason}", args.registrar)
             }
@@ -136,7 +138,11 @@ async fn drive(
             }),
             Workload::Register => {
                 let i = *next;
-                *next = if *next + 1 >= slice.1 { slice.0 } else { *next + 1 };
+                *next = if *next + 1 >= slice.1 {
+                    slice.0
+                } else {
+                    *next + 1
+                };
                 AsapMessage::Registration(asap::Registration {
                     pool_handle: pool.clone(),
                     pool_element: pe(args, i),
@@ -163,10 +169,11 @@ async fn drive(
                     }
                     Ok(AsapMessage::EndpointKeepAlive(k)) => {
                         if let Some(id) = k.pe_id {
-                            let ack = AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
-                                pool_handle: k.pool_handle,
-                                pe_id: id,
-                            });
+                            let ack =
+                                AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
+                                    pool_handle: k.pool_handle,
+                                    pe_id: id,
+                                });
                             handle.send(conn.id, 11, 0, codec.encode(&ack)?).await?;
                         }
                         continue;
@@ -201,9 +208,14 @@ async fn measure(
     let per = args.pes.div_ceil(n).max(1);
     for k in 0..n {
         let conn = connect(args).await?;
-        let slice = ((k * per).min(args.pes - 1), ((k + 1) * per).min(args.pes).max(k * per + 1));
+        let slice = (
+            (k * per).min(args.pes - 1),
+            ((k + 1) * per).min(args.pes).max(k * per + 1),
+        );
         let (a, d, b, s) = (args.clone(), done.clone(), bad.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move { drive(&a, conn, workload, slice, d, b, s).await }));
+        tasks.push(tokio::spawn(async move {
+            drive(&a, conn, workload, slice, d, b, s).await
+        }));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let cpu0 = args.registrar_pid.and_then(cpu_time);
@@ -237,7 +249,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .map(|w| match w.as_str() {
             "resolve" => Ok(Workload::Resolve),
             "register" => Ok(Workload::Register),
-            other => Err(anyhow!("--workloads: {other:?} is neither resolve nor register")),
+            other => Err(anyhow!(
+                "--workloads: {other:?} is neither resolve nor register"
+            )),
         })
         .collect::<Result<_>>()?;
     let rt = tokio::runtime::Builder::new_current_thread()

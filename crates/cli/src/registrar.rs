@@ -339,3 +339,92 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
         serve.await.context("registrar")
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RegistrarArgs,
+    }
+
+    fn parse(argv: &[&str]) -> RegistrarArgs {
+        Cli::try_parse_from(std::iter::once("registrar").chain(argv.iter().copied()))
+            .expect("valid flags")
+            .args
+    }
+
+    fn with_file(toml: &str, argv: &[&str]) -> Result<DriverConfig> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registrar.toml");
+        std::fs::write(&path, toml).unwrap();
+        let mut args = vec!["--config", path.to_str().unwrap()];
+        args.extend_from_slice(argv);
+        parse(&args).into_config()
+    }
+
+    #[test]
+    fn profile_defaults() {
+        let c = parse(&[]).into_config().unwrap();
+        assert_eq!(c.core.profile, Profile::Rsplib);
+        assert_eq!(c.core.keep_alive_interval, Duration::from_secs(5));
+        assert_eq!(
+            c.asap_listen,
+            vec!["0.0.0.0:3863".parse::<SocketAddr>().unwrap()]
+        );
+        let c = parse(&["--profile", "rfc"]).into_config().unwrap();
+        assert_eq!(
+            c.core.codec.registration_life_unit,
+            rserpool_wire::LifeUnit::Seconds
+        );
+        assert!(c.core.enforce_registration_life);
+        assert!(c.core.probe_on_unreachable);
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_win() {
+        let c = with_file(
+            "asap = [\"127.0.0.1:4000\"]\nmax-bad-pe-reports = 7\nidentifier = 305419896\nmax-hr-rate = 50.0\nmin-address-scope = \"loopback\"\nasap-announce = \"off\"\n",
+            &["--max-bad-pe-reports", "9", "--endpoint-keep-alive-timeout-interval", "1500"],
+        )
+        .unwrap();
+        assert_eq!(
+            c.asap_listen,
+            vec!["127.0.0.1:4000".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(c.core.max_bad_pe_reports, 9, "the flag wins");
+        assert_eq!(c.core.registrar_id, RegistrarId(0x1234_5678));
+        assert_eq!(c.core.keep_alive_timeout, Duration::from_millis(1500));
+        assert_eq!(c.core.handle_resolution_rate.map(|r| r.rate), Some(50.0));
+        assert_eq!(c.core.min_address_scope, AddressScope::Loopback);
+        assert!(c.core.announce.is_none());
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_option_named() {
+        let err = |r: Result<DriverConfig>| format!("{:#}", r.unwrap_err());
+        assert!(err(with_file("profile = \"bsd\"\n", &[])).contains("profile"));
+        assert!(err(with_file("max-pool = 3\n", &[])).contains("unknown field `max-pool`"));
+        assert!(err(with_file("max-bad-pe-reports = -1\n", &[])).contains("max-bad-pe-reports"));
+        assert!(err(parse(&["--max-eu-rate=-3"]).into_config()).contains("max-eu-rate"));
+        assert!(
+            err(parse(&["--asap-announce", "10.0.0.1:3863"]).into_config())
+                .contains("not a multicast address")
+        );
+        assert!(
+            err(parse(&["--asap", "127.0.0.1:1", "--asap", "127.0.0.2:2"]).into_config())
+                .contains("share one port")
+        );
+        assert!(
+            err(parse(&["--max-message-size", "70000"]).into_config()).contains("max-message-size")
+        );
+        assert!(
+            err(parse(&["--config", "/nonexistent/registrar.toml"]).into_config())
+                .contains("/nonexistent/registrar.toml")
+        );
+        assert!(Cli::try_parse_from(["registrar", "--identifier", "0xZZ"]).is_err());
+    }
+}

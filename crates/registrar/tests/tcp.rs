@@ -409,3 +409,53 @@ async fn endpoint_drivers_register_resolve_and_report() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn server_announces_reach_the_multicast_group() {
+    use rserpool_transport::multicast::{Interface, MulticastConfig, MulticastSocket};
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let group: SocketAddr = format!("239.255.77.7:{port}").parse().unwrap();
+    let listener = MulticastSocket::open(&MulticastConfig {
+        group,
+        interfaces: vec![Interface::V4(LOCAL.parse().unwrap())],
+        ttl: 1,
+        loopback: true,
+        max_datagram: 65_535,
+    })
+    .unwrap();
+    let (r, _stop) = start_registrar(|c| {
+        c.core.announce = Some(rserpool_registrar::AnnounceConfig {
+            group,
+            interval: Duration::from_millis(200),
+            jitter: 0.125,
+            transports: Vec::new(),
+        });
+        c.announce_interface = Some(LOCAL.parse().unwrap());
+        c.announce_ttl = 1;
+    })
+    .await;
+    let codec = Codec::default();
+    let mut announces = 0;
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while announces < 3 {
+        let d = tokio::time::timeout_at(until, listener.recv())
+            .await
+            .expect("three announces within 5 s")
+            .unwrap();
+        let AsapMessage::ServerAnnounce(a) = codec.decode::<AsapMessage>(&d.data).unwrap().message
+        else {
+            panic!("not an announce")
+        };
+        assert_eq!(a.server_id, r.registrar_id);
+        // The registrar listens on a specific address, so the announce says where.
+        assert_eq!(a.transports.len(), 1);
+        assert_eq!(a.transports[0].port, r.asap_addrs[0].port());
+        assert_eq!(a.transports[0].addresses, vec![r.asap_addrs[0].ip()]);
+        assert_eq!(
+            a.transports[0].protocol,
+            rserpool_wire::TransportProtocol::Tcp
+        );
+        announces += 1;
+    }
+    assert!(r.metrics.lock().unwrap().announces_sent >= 3);
+}
