@@ -43,7 +43,7 @@ pub use error::{DecodeError, DecodeErrorKind, EncodeError, Span};
 pub use message::{Codec, Decoded, Message};
 pub use operation_error::{CauseCode, ErrorCause, OperationError};
 pub use params::Parameter;
-pub use policy::{PolicyType, PoolPolicy};
+pub use policy::{PolicyFields, PolicyType, PoolPolicy};
 pub use pool_element::{PoolElement, RegistrationLife, ServerInformation};
 pub use transport::{TransportAddress, TransportProtocol, TransportUse, UserTransport};
 pub use types::{

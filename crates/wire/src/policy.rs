@@ -51,6 +51,28 @@ impl PolicyType {
     /// Priority Least Used with Degradation and Distance Penalty Factor (RSPLIB).
     pub const PRIORITY_LEAST_USED_DEGRADATION_DPF: Self = Self(0xb000_2005);
 
+    /// Every policy type this codec knows, in numeric order.
+    pub const KNOWN: [PolicyType; 18] = [
+        Self::ROUND_ROBIN,
+        Self::WEIGHTED_ROUND_ROBIN,
+        Self::RANDOM,
+        Self::WEIGHTED_RANDOM,
+        Self::PRIORITY,
+        Self::LEAST_USED,
+        Self::LEAST_USED_DEGRADATION,
+        Self::PRIORITY_LEAST_USED,
+        Self::RANDOMIZED_LEAST_USED,
+        Self::RANDOMIZED_PRIORITY_LEAST_USED,
+        Self::RANDOMIZED_LEAST_USED_DEGRADATION,
+        Self::PRIORITY_LEAST_USED_DEGRADATION,
+        Self::RANDOMIZED_PRIORITY_LEAST_USED_DEGRADATION,
+        Self::WEIGHTED_RANDOM_DPF,
+        Self::LEAST_USED_DPF,
+        Self::LEAST_USED_DEGRADATION_DPF,
+        Self::PRIORITY_LEAST_USED_DPF,
+        Self::PRIORITY_LEAST_USED_DEGRADATION_DPF,
+    ];
+
     /// Bit 30: the policy adapts to the PEs' reported load (the adaptive policies of RFC 5356 §5).
     pub const fn is_adaptive(self) -> bool {
         self.0 & 0x4000_0000 != 0
@@ -111,6 +133,33 @@ impl fmt::Display for PolicyType {
 impl fmt::Debug for PolicyType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PolicyType({:#010x} {self})", self.0)
+    }
+}
+
+/// The value fields of a policy (0 to 4 of them), without allocating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyFields {
+    values: [u32; 4],
+    len: usize,
+}
+
+impl PolicyFields {
+    /// The fields in wire order.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.values[..self.len]
+    }
+
+    /// All four slots, the unused ones 0 (for code that indexes by position).
+    pub fn padded(&self) -> [u32; 4] {
+        self.values
+    }
+}
+
+impl std::ops::Deref for PolicyFields {
+    type Target = [u32];
+
+    fn deref(&self) -> &[u32] {
+        self.as_slice()
     }
 }
 
@@ -225,32 +274,32 @@ impl PoolPolicy {
         }
     }
 
-    /// The 32-bit value fields after the type, in wire order (empty for `Other`).
-    pub fn fields(&self) -> Vec<u32> {
+    /// The 32-bit value fields after the type, in wire order (none for `Other`).
+    pub fn fields(&self) -> PolicyFields {
         use PoolPolicy::*;
-        match *self {
-            RoundRobin | Random | Other { .. } => vec![],
-            WeightedRoundRobin { weight } | WeightedRandom { weight } => vec![weight],
-            Priority { priority } => vec![priority],
-            LeastUsed { load } | RandomizedLeastUsed { load } => vec![load],
+        let (values, len) = match *self {
+            RoundRobin | Random | Other { .. } => ([0; 4], 0),
+            WeightedRoundRobin { weight } | WeightedRandom { weight } => ([weight, 0, 0, 0], 1),
+            Priority { priority } => ([priority, 0, 0, 0], 1),
+            LeastUsed { load } | RandomizedLeastUsed { load } => ([load, 0, 0, 0], 1),
             LeastUsedDegradation { load, degradation }
             | PriorityLeastUsed { load, degradation }
             | RandomizedPriorityLeastUsed { load, degradation }
             | RandomizedLeastUsedDegradation { load, degradation }
             | PriorityLeastUsedDegradation { load, degradation }
             | RandomizedPriorityLeastUsedDegradation { load, degradation } => {
-                vec![load, degradation]
+                ([load, degradation, 0, 0], 2)
             }
             WeightedRandomDpf {
                 weight,
                 weight_dpf,
                 distance,
-            } => vec![weight, weight_dpf, distance],
+            } => ([weight, weight_dpf, distance, 0], 3),
             LeastUsedDpf {
                 load,
                 load_dpf,
                 distance,
-            } => vec![load, load_dpf, distance],
+            } => ([load, load_dpf, distance, 0], 3),
             LeastUsedDegradationDpf {
                 load,
                 degradation,
@@ -268,8 +317,9 @@ impl PoolPolicy {
                 degradation,
                 load_dpf,
                 distance,
-            } => vec![load, degradation, load_dpf, distance],
-        }
+            } => ([load, degradation, load_dpf, distance], 4),
+        };
+        PolicyFields { values, len }
     }
 
     /// Builds a known policy from its type and value fields (as [`PoolPolicy::fields`] gives
@@ -491,7 +541,7 @@ impl PoolPolicy {
                 w.bytes(data);
             }
             _ => {
-                for v in self.fields() {
+                for &v in self.fields().iter() {
                     w.u32(v);
                 }
             }
