@@ -882,3 +882,30 @@ fn overall_policy_carries_the_first_selected_pe_values() {
     assert_eq!(r.pool_elements[0].id, PoolElementId(2), "least used first");
     assert_eq!(r.overall_policy, Some(PoolPolicy::LeastUsed { load: 100 }));
 }
+
+#[test]
+fn limits_are_answered_with_lack_of_resources() {
+    let mut h = Harness::new(Profile::Rsplib, |c| c.codec.max_message_size = 64);
+    let a = h.up(1, PE_ADDR);
+    // A registration with three user addresses is 72 bytes: over the 64-byte limit.
+    let mut big = pe(1, PoolPolicy::RoundRobin);
+    big.user_transport = UserTransport::Address(TransportAddress::sctp(
+        1,
+        TransportUse::DataPlusControl,
+        vec![PE_ADDR.parse().unwrap(); 3],
+    ));
+    let bytes = Codec::default().encode(&registration("P", big)).unwrap();
+    assert!(bytes.len() > 64);
+    h.raw(a, &bytes);
+    let sent = h.sent_to(a);
+    assert!(
+        matches!(&sent[..], [AsapMessage::Error(e)] if e.error.code() == Some(CauseCode::LackOfResources)),
+        "{sent:?}"
+    );
+    let logged = h.events().into_iter().any(|e| {
+        matches!(e, RegistrarEvent::Malformed { error, answered: true, .. }
+            if error.to_string().contains("exceeds the limit of 64 bytes"))
+    });
+    assert!(logged);
+    assert!(h.r.handlespace().is_empty());
+}

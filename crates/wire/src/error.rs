@@ -175,7 +175,8 @@ impl DecodeError {
     /// action bits say to discard silently.
     ///
     /// Unrecognized message → 0x2 with the message; unrecognized parameter → 0x1 with the
-    /// parameter; anything else → 0x3 Invalid Values with the offending parameter if known
+    /// parameter; a configured limit exceeded (message size, pool handle size) → 0x6 Lack of
+    /// Resources; anything else → 0x3 Invalid Values with the offending parameter if known
     /// (RFC 5352 §2.2.14, RFC 5353 §2.2.10, RFC 5354 §3.12).
     pub fn answer_cause(&self, message: &[u8]) -> Option<ErrorCause> {
         if !self.should_report() {
@@ -195,6 +196,9 @@ impl DecodeError {
                 code: CauseCode::UnrecognizedParameter,
                 info: quote(self.parameter_span),
             },
+            DecodeErrorKind::MessageTooLarge { .. } | DecodeErrorKind::TooLong { .. } => {
+                ErrorCause::new(CauseCode::LackOfResources)
+            }
             _ => ErrorCause {
                 code: CauseCode::InvalidValues,
                 info: quote(self.parameter_span),

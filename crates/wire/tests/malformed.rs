@@ -377,6 +377,7 @@ fn pool_handle_limits() {
             limit: 32
         }
     );
+    assert_eq!(e.answer_cause(&b).unwrap().code, CauseCode::LackOfResources);
     let roomy = Codec::new(CodecConfig {
         max_pool_handle_size: 64,
         ..CodecConfig::default()
