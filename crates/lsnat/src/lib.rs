@@ -1,1 +1,206 @@
-//! rserpool-lsnat.
+//! The LSNAT gateway (RFC 2391): one virtual address in front of a pool, for clients that do
+//! not speak ASAP, with an honest record of what happened to each session.
+//!
+//! - [`core`] is sans-IO: members and their liveness state machine (alive, suspect, dead,
+//!   probation with slow start; weight 0 drains), load-share policies, persistence, the binding
+//!   table with per-state idle timers, limits, and per-session receipts (selected, bound,
+//!   reached, outcome) that are kept and counted apart. It takes the time as an argument and
+//!   an RNG at construction, and is tested in virtual time.
+//! - [`driver`] is the tokio data plane: a userspace TCP and UDP relay, active probes, the
+//!   timer tick, and the HTTP status (`/status`, JSON) and metrics (`/metrics`, Prometheus)
+//!   endpoint.
+//! - [`source`] is where members come from: a static list now; an RSerPool pool source plugs in
+//!   through [`source::MemberSource`].
+//! - [`config`] reads the TOML file and command-line flags into checked settings.
+//!
+//! Entry point for the `rserpool lsnat` subcommand: [`run`] with [`LsnatArgs`].
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod core;
+pub mod driver;
+pub mod source;
+
+pub use config::{Config, ConfigError, Overrides};
+pub use driver::{start, Running};
+pub use source::{MemberSource, RserpoolSource, SourceUpdate, StaticSource};
+
+use anyhow::Context;
+use std::path::PathBuf;
+
+/// Options of `rserpool lsnat`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LsnatArgs {
+    /// TOML configuration file (see docs/lsnat.md). Flags below override or replace its values.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Virtual address to listen on, `[tcp:|udp:]IP:PORT` (repeatable; replaces the file's
+    /// listeners).
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Pool member, `IP:PORT[,WEIGHT[,COST]]` (repeatable; replaces the file's members).
+    #[arg(long = "member", value_name = "ADDR[,WEIGHT[,COST]]")]
+    pub member: Vec<String>,
+    /// Members from this RSerPool pool (the gateway resolves it at a registrar) instead of
+    /// `--member`.
+    #[arg(long, value_name = "NAME")]
+    pub pool_handle: Option<String>,
+    /// Registrar to resolve the pool at, ADDR:PORT (repeatable; tried in order).
+    #[arg(long = "registrar", value_name = "ADDR")]
+    pub registrar: Vec<String>,
+    /// Transport to the registrar: auto (SCTP where the kernel has it), sctp or tcp.
+    #[arg(long, value_name = "auto|sctp|tcp")]
+    pub registrar_transport: Option<String>,
+    /// Load-share policy: round-robin, weighted-round-robin, least-sessions,
+    /// weighted-least-sessions, least-traffic, weighted-least-traffic, route-cost, random,
+    /// weighted-random, or pool (the RSerPool pool's own policy; the default with
+    /// --pool-handle).
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
+    /// Address of the HTTP status and metrics endpoint (GET /status, GET /metrics).
+    #[arg(long, value_name = "ADDR")]
+    pub status: Option<String>,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Check the configuration, print a summary and exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+impl LsnatArgs {
+    /// The configuration these arguments describe.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let ov = Overrides {
+            listen: self.listen.clone(),
+            members: self.member.clone(),
+            policy: self.policy.clone(),
+            status: self.status.clone(),
+            threads: self.threads,
+            pool_handle: self.pool_handle.clone(),
+            registrars: self.registrar.clone(),
+            registrar_transport: self.registrar_transport.clone(),
+        };
+        match &self.config {
+            Some(path) => Config::from_file(path, &ov),
+            None => Config::from_overrides(&ov),
+        }
+    }
+}
+
+/// Runs `rserpool lsnat`: reads the configuration, sets up logging to stderr (`RUST_LOG`,
+/// default info),
+/// builds a tokio runtime with the configured worker threads and serves until Ctrl-C or
+/// SIGTERM.
+pub fn run(args: &LsnatArgs) -> anyhow::Result<()> {
+    let config = args.load()?;
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    if args.check {
+        println!("{}", summary(&config));
+        for w in &config.warnings {
+            println!("warning: {w}");
+        }
+        return Ok(());
+    }
+    // One worker: a current-thread runtime does the same work without the work-stealing
+    // scheduler's cross-thread bookkeeping.
+    let mut rt = match config.runtime.worker_threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    rt.enable_all();
+    let rt = rt.build().context("building the tokio runtime")?;
+    rt.block_on(serve(config))
+}
+
+/// Serves `config` with its members (the RSerPool pool, or the static list) until Ctrl-C or
+/// SIGTERM.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    serve_with(config.clone(), member_source(&config)).await
+}
+
+/// The member source a configuration asks for.
+pub fn member_source(config: &Config) -> Box<dyn MemberSource> {
+    match &config.rserpool {
+        Some(r) => Box::new(RserpoolSource::new(r.clone())),
+        None => Box::new(StaticSource::new(config.members.clone())),
+    }
+}
+
+/// Serves `config` with members from `source` until Ctrl-C or SIGTERM.
+pub async fn serve_with(config: Config, source: Box<dyn MemberSource>) -> anyhow::Result<()> {
+    let running = start(config, source)
+        .await
+        .context("starting the gateway")?;
+    wait_for_signal().await;
+    tracing::info!("stopping");
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// A one-paragraph description of a configuration.
+pub fn summary(c: &Config) -> String {
+    let listeners: Vec<String> = c
+        .listeners
+        .iter()
+        .map(|l| format!("{}:{}", l.protocol.name(), l.address))
+        .collect();
+    let members: Vec<String> = match &c.rserpool {
+        Some(r) => vec![format!(
+            "the PEs of RSerPool pool {} (registrars {:?}, refreshed every {:?})",
+            r.pool_handle, r.registrars, r.refresh
+        )],
+        None => c
+            .members
+            .iter()
+            .map(|m| format!("{} (weight {}, cost {:?})", m.address, m.weight, m.cost))
+            .collect(),
+    };
+    format!(
+        "listeners: {}\npolicy: {}\nmembers: {}\nprobe: {:?} every {:?} (timeout {:?}), fall {}, rise {}, slow start {:?}\nlimits: {} sessions, {} per member\ntimers: tcp established {:?}, tcp transitory {:?}, rst linger {:?}, udp {:?}\npersistence: {:?}\nstatus: {}",
+        listeners.join(", "),
+        c.core.policy,
+        members.join(", "),
+        c.probe.kind,
+        c.probe.interval,
+        c.probe.timeout,
+        c.core.health.liveness.fall,
+        c.core.health.liveness.rise,
+        c.core.health.liveness.slow_start,
+        c.core.limits.max_sessions,
+        c.core.limits.max_sessions_per_member,
+        c.core.timers.tcp_established,
+        c.core.timers.tcp_transitory,
+        c.core.timers.tcp_rst_linger,
+        c.core.timers.udp,
+        c.core.persistence.timeout,
+        c.status.map(|s| s.to_string()).unwrap_or_else(|| "off".into()),
+    )
+}

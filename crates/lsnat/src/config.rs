@@ -1,0 +1,967 @@
+//! Configuration: a TOML file and/or command-line flags, checked into typed settings.
+//!
+//! Every field is optional except the listeners and members; defaults are the RFC floors and
+//! the limits documented in `docs/lsnat.md`. A malformed file is refused with an error naming
+//! the field (and, for syntax and type errors, the line and column).
+
+use crate::core::member::{Cost, MemberSpec};
+use crate::core::persistence::PersistenceParams;
+use crate::core::policy::{LoadSharePolicy, TrafficMetric};
+use crate::core::{CoreConfig, HealthParams, Limits, Protocol, Timers};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown field or a value of the wrong type (the message has the line).
+    #[error("{origin}: {message}")]
+    Syntax {
+        /// The file, or "configuration".
+        origin: String,
+        /// toml's message, with line and column.
+        message: String,
+    },
+    /// A field whose value is not acceptable.
+    #[error("{origin}: field `{field}`: {message}")]
+    Invalid {
+        /// The file, or "configuration".
+        origin: String,
+        /// The field's path, e.g. `pool.members[1].weight`.
+        field: String,
+        /// What is wrong and what is expected.
+        message: String,
+    },
+}
+
+/// How members are probed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// TCP connect (then optionally send and expect).
+    Tcp,
+    /// UDP: send `send`, expect a datagram (containing `expect`, if set).
+    Udp,
+    /// No active probes: passive evidence only, and `revive_after` returns dead members.
+    None,
+}
+
+/// Active probe settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeConfig {
+    /// Kind of probe.
+    pub kind: ProbeKind,
+    /// Time between probes of a member.
+    pub interval: Duration,
+    /// Time a probe may take.
+    pub timeout: Duration,
+    /// Probe this port instead of the member's.
+    pub port: Option<u16>,
+    /// Bytes to send after connecting.
+    pub send: Vec<u8>,
+    /// Bytes the reply must contain (empty: any reply, or for TCP none needed).
+    pub expect: Vec<u8>,
+}
+
+/// A virtual address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerConfig {
+    /// Address and port.
+    pub address: SocketAddr,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+}
+
+/// Data plane settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// Tokio worker threads (None: one per core).
+    pub worker_threads: Option<usize>,
+    /// Relay buffer per direction of a TCP session, bytes.
+    pub buffer_size: usize,
+    /// Linux: a TCP direction whose read fills the buffer (a bulk transfer) moves to
+    /// `splice(2)`, so its bytes no longer pass through user space.
+    pub splice: bool,
+    /// How often the core's timers are run.
+    pub tick: Duration,
+    /// How often a relay reports its traffic to the core (bounds idle-timer precision).
+    pub report_interval: Duration,
+}
+
+/// The whole, checked configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Virtual addresses.
+    pub listeners: Vec<ListenerConfig>,
+    /// Static members.
+    pub members: Vec<MemberSpec>,
+    /// The sans-IO core's settings.
+    pub core: CoreConfig,
+    /// Active probes.
+    pub probe: ProbeConfig,
+    /// Time a relay connect to a member may take (passive evidence when exceeded).
+    pub connect_timeout: Duration,
+    /// Address of the HTTP status and metrics endpoint.
+    pub status: Option<SocketAddr>,
+    /// Data plane.
+    pub runtime: RuntimeConfig,
+    /// Members from an RSerPool pool instead of the static list.
+    pub rserpool: Option<RserpoolConfig>,
+    /// Notes about accepted but unusual settings (timers below the RFC floors).
+    pub warnings: Vec<String>,
+}
+
+/// Where the members of an RSerPool pool come from: handle resolution at a registrar, repeated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RserpoolConfig {
+    /// The pool handle.
+    pub pool_handle: rserpool_wire::PoolHandle,
+    /// Registrars to ask, in order (each ASAP address).
+    pub registrars: Vec<SocketAddr>,
+    /// How to reach them.
+    pub transport: rserpool_transport::TransportChoice,
+    /// How often the pool is resolved again.
+    pub refresh: Duration,
+    /// The listeners' protocol: PEs whose user transport is another one are left out.
+    pub protocol: Protocol,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default, rename = "listener")]
+    listeners: Vec<RawListener>,
+    #[serde(default)]
+    pool: RawPool,
+    #[serde(default)]
+    timers: RawTimers,
+    #[serde(default)]
+    health: RawHealth,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    persistence: RawPersistence,
+    #[serde(default)]
+    status: RawStatus,
+    #[serde(default)]
+    runtime: RawRuntime,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawListener {
+    address: String,
+    protocol: Option<String>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    policy: Option<String>,
+    traffic_metric: Option<String>,
+    traffic_window: Option<toml::Value>,
+    #[serde(default)]
+    members: Vec<RawMember>,
+    rserpool: Option<RawRserpool>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRserpool {
+    pool_handle: String,
+    #[serde(default)]
+    registrars: Vec<String>,
+    transport: Option<String>,
+    refresh: Option<toml::Value>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawMember {
+    address: String,
+    weight: Option<i64>,
+    cost: Option<toml::Value>,
+    max_sessions: Option<i64>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawTimers {
+    tcp_established: Option<toml::Value>,
+    tcp_transitory: Option<toml::Value>,
+    tcp_rst_linger: Option<toml::Value>,
+    udp: Option<toml::Value>,
+    connect: Option<toml::Value>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    probe: Option<String>,
+    interval: Option<toml::Value>,
+    timeout: Option<toml::Value>,
+    port: Option<i64>,
+    send: Option<String>,
+    expect: Option<String>,
+    fall: Option<i64>,
+    rise: Option<i64>,
+    slow_start: Option<toml::Value>,
+    revive_after: Option<toml::Value>,
+    response_timeout: Option<toml::Value>,
+    panic_threshold: Option<i64>,
+    close_sessions_on_dead: Option<bool>,
+    connect_retries: Option<i64>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_sessions: Option<i64>,
+    max_sessions_per_member: Option<i64>,
+    max_lingering: Option<i64>,
+    recent_outcomes: Option<i64>,
+    receipt_candidates: Option<i64>,
+    status_bindings: Option<i64>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawPersistence {
+    timeout: Option<toml::Value>,
+    netmask_v4: Option<i64>,
+    netmask_v6: Option<i64>,
+    max_entries: Option<i64>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawStatus {
+    address: Option<String>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    worker_threads: Option<i64>,
+    buffer_size: Option<i64>,
+    splice: Option<bool>,
+    tick: Option<toml::Value>,
+}
+
+/// Command-line values that override or extend a file (see `LsnatArgs`).
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--listen [tcp:|udp:]ADDR`, replacing the file's listeners when given.
+    pub listen: Vec<String>,
+    /// `--member ADDR[,WEIGHT[,COST]]`, replacing the file's members when given.
+    pub members: Vec<String>,
+    /// `--policy NAME`.
+    pub policy: Option<String>,
+    /// `--status ADDR`.
+    pub status: Option<String>,
+    /// `--threads N`.
+    pub threads: Option<usize>,
+    /// `--pool-handle NAME`: members from this RSerPool pool.
+    pub pool_handle: Option<String>,
+    /// `--registrar ADDR`, replacing the file's registrars when given.
+    pub registrars: Vec<String>,
+    /// `--registrar-transport auto|sctp|tcp`.
+    pub registrar_transport: Option<String>,
+}
+
+/// Parses a duration: an integer (seconds) or a string of number-unit pairs with units
+/// `ms`, `s`, `m`, `h`, `d` (e.g. "250ms", "2h4m", "300s").
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!(
+                "{text:?} is not a duration (e.g. \"250ms\", \"30s\", \"2h4m\")"
+            ));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{text:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            "d" => Duration::from_secs(n.saturating_mul(86_400)),
+            "" => {
+                return Err(format!(
+                    "{text:?}: a unit is missing after {n} (ms, s, m, h or d)"
+                ))
+            }
+            u => return Err(format!("{text:?}: unknown unit {u:?} (ms, s, m, h or d)")),
+        };
+        total = total.saturating_add(part);
+    }
+    Ok(total)
+}
+
+struct Checker {
+    origin: String,
+}
+
+impl Checker {
+    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn duration(
+        &self,
+        field: &str,
+        v: &Option<toml::Value>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(toml::Value::Integer(i)) if *i >= 0 => Ok(Duration::from_secs(*i as u64)),
+            Some(toml::Value::Float(f)) if f.is_finite() && *f >= 0.0 && *f < 1e12 => {
+                Ok(Duration::from_secs_f64(*f))
+            }
+            Some(toml::Value::String(s)) => parse_duration(s).map_err(|m| self.err(field, m)),
+            Some(other) => Err(self.err(
+                field,
+                format!(
+                    "expected a duration such as \"30s\" or a number of seconds, found {other}"
+                ),
+            )),
+        }
+    }
+
+    fn int<T: TryFrom<i64>>(
+        &self,
+        field: &str,
+        v: Option<i64>,
+        default: T,
+        min: i64,
+        max: i64,
+    ) -> Result<T, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(i) if i < min || i > max => {
+                Err(self.err(field, format!("{i} is out of range {min}..={max}")))
+            }
+            Some(i) => T::try_from(i).map_err(|_| self.err(field, format!("{i} is out of range"))),
+        }
+    }
+
+    fn addr(&self, field: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+        let a: SocketAddr = s.trim().parse().map_err(|_| {
+            self.err(
+                field,
+                format!(
+                    "{s:?} is not an IP:port address (e.g. \"127.0.0.1:8080\" or \"[::1]:8080\")"
+                ),
+            )
+        })?;
+        Ok(a)
+    }
+}
+
+fn cost_value(c: &Checker, field: &str, v: &Option<toml::Value>) -> Result<Cost, ConfigError> {
+    match v {
+        None => Ok(Cost::Finite(0)),
+        Some(toml::Value::Integer(i)) if (0..=i64::from(u32::MAX)).contains(i) => {
+            Ok(Cost::Finite(*i as u32))
+        }
+        Some(toml::Value::String(s))
+            if matches!(
+                s.to_ascii_lowercase().as_str(),
+                "unreachable" | "infinite" | "inf"
+            ) =>
+        {
+            Ok(Cost::Unreachable)
+        }
+        Some(other) => Err(c.err(
+            field,
+            format!("expected a cost 0..=4294967295 or \"unreachable\", found {other}"),
+        )),
+    }
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn from_file(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string(), overrides)
+    }
+
+    /// Checks a configuration given as TOML text; `origin` names it in errors.
+    pub fn from_toml(
+        text: &str,
+        origin: &str,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        Self::check(raw, origin, overrides)
+    }
+
+    /// A configuration from command-line values alone.
+    pub fn from_overrides(overrides: &Overrides) -> Result<Config, ConfigError> {
+        Self::check(RawConfig::default(), "command line", overrides)
+    }
+
+    fn check(mut raw: RawConfig, origin: &str, ov: &Overrides) -> Result<Config, ConfigError> {
+        let c = Checker {
+            origin: origin.to_string(),
+        };
+        if !ov.listen.is_empty() {
+            raw.listeners = ov
+                .listen
+                .iter()
+                .map(|l| {
+                    let (proto, addr) = match l.split_once(':') {
+                        Some((p @ ("tcp" | "udp"), rest)) => {
+                            (Some(p.to_string()), rest.to_string())
+                        }
+                        _ => (None, l.clone()),
+                    };
+                    RawListener {
+                        address: addr,
+                        protocol: proto,
+                    }
+                })
+                .collect();
+        }
+        if !ov.members.is_empty() {
+            let mut members = Vec::new();
+            for (i, m) in ov.members.iter().enumerate() {
+                let mut parts = m.split(',');
+                let address = parts.next().unwrap_or("").to_string();
+                let weight = match parts.next() {
+                    Some(w) => Some(w.trim().parse::<i64>().map_err(|_| {
+                        c.err(
+                            format!("--member[{i}]"),
+                            format!("weight {w:?} is not an integer (ADDR[,WEIGHT[,COST]])"),
+                        )
+                    })?),
+                    None => None,
+                };
+                let cost = match parts.next() {
+                    Some(x) => match x.trim().parse::<i64>() {
+                        Ok(v) => Some(toml::Value::Integer(v)),
+                        Err(_) => Some(toml::Value::String(x.trim().to_string())),
+                    },
+                    None => None,
+                };
+                if parts.next().is_some() {
+                    return Err(c.err(format!("--member[{i}]"), "expected ADDR[,WEIGHT[,COST]]"));
+                }
+                members.push(RawMember {
+                    address,
+                    weight,
+                    cost,
+                    max_sessions: None,
+                });
+            }
+            raw.pool.members = members;
+        }
+        if let Some(p) = &ov.policy {
+            raw.pool.policy = Some(p.clone());
+        }
+        if let Some(s) = &ov.status {
+            raw.status.address = Some(s.clone());
+        }
+        if let Some(t) = ov.threads {
+            raw.runtime.worker_threads = Some(t as i64);
+        }
+        if let Some(h) = &ov.pool_handle {
+            raw.pool
+                .rserpool
+                .get_or_insert_with(RawRserpool::default)
+                .pool_handle = h.clone();
+        }
+        if !ov.registrars.is_empty() || ov.registrar_transport.is_some() {
+            let r = raw.pool.rserpool.get_or_insert_with(RawRserpool::default);
+            if !ov.registrars.is_empty() {
+                r.registrars = ov.registrars.clone();
+            }
+            if ov.registrar_transport.is_some() {
+                r.transport = ov.registrar_transport.clone();
+            }
+        }
+
+        let mut warnings = Vec::new();
+        // Listeners.
+        if raw.listeners.is_empty() {
+            return Err(c.err(
+                "listener",
+                "at least one [[listener]] (address = \"IP:port\", protocol = \"tcp\" or \"udp\") is needed",
+            ));
+        }
+        let mut listeners = Vec::new();
+        for (i, l) in raw.listeners.iter().enumerate() {
+            let address = c.addr(&format!("listener[{i}].address"), &l.address)?;
+            let protocol = match l.protocol.as_deref().unwrap_or("tcp") {
+                "tcp" | "TCP" => Protocol::Tcp,
+                "udp" | "UDP" => Protocol::Udp,
+                other => {
+                    return Err(c.err(
+                        format!("listener[{i}].protocol"),
+                        format!("{other:?} is not \"tcp\" or \"udp\""),
+                    ))
+                }
+            };
+            let lc = ListenerConfig { address, protocol };
+            if listeners.contains(&lc) {
+                return Err(c.err(
+                    format!("listener[{i}]"),
+                    format!("{} {} is listed twice", protocol.name(), address),
+                ));
+            }
+            listeners.push(lc);
+        }
+
+        // Members from an RSerPool pool, or the static list.
+        let rserpool = match raw.pool.rserpool.take() {
+            None => None,
+            Some(r) => {
+                if r.pool_handle.is_empty() {
+                    return Err(c.err(
+                        "pool.rserpool.pool_handle",
+                        "the pool handle is missing or empty (or --pool-handle NAME)",
+                    ));
+                }
+                if r.pool_handle.len() > 32 {
+                    return Err(c.err(
+                        "pool.rserpool.pool_handle",
+                        format!(
+                            "{} bytes; a pool handle has at most 32",
+                            r.pool_handle.len()
+                        ),
+                    ));
+                }
+                if r.registrars.is_empty() {
+                    return Err(c.err(
+                        "pool.rserpool.registrars",
+                        "at least one registrar address is needed (or --registrar ADDR)",
+                    ));
+                }
+                let mut registrars = Vec::new();
+                for (i, a) in r.registrars.iter().enumerate() {
+                    registrars.push(c.addr(&format!("pool.rserpool.registrars[{i}]"), a)?);
+                }
+                let transport = match r.transport.as_deref().unwrap_or("auto") {
+                    "auto" => rserpool_transport::TransportChoice::Auto,
+                    "sctp" => rserpool_transport::TransportChoice::Sctp,
+                    "tcp" => rserpool_transport::TransportChoice::Tcp,
+                    other => {
+                        return Err(c.err(
+                            "pool.rserpool.transport",
+                            format!("{other:?} is not \"auto\", \"sctp\" or \"tcp\""),
+                        ))
+                    }
+                };
+                let refresh =
+                    c.duration("pool.rserpool.refresh", &r.refresh, Duration::from_secs(1))?;
+                if refresh < Duration::from_millis(10) {
+                    return Err(c.err("pool.rserpool.refresh", "must be at least 10ms"));
+                }
+                if !raw.pool.members.is_empty() {
+                    return Err(c.err(
+                        "pool.members",
+                        "members come either from [pool.rserpool] or from this list, not both",
+                    ));
+                }
+                let protocol = listeners[0].protocol;
+                if listeners.iter().any(|l| l.protocol != protocol) {
+                    return Err(c.err(
+                        "listener",
+                        "with [pool.rserpool] all listeners must share one protocol (a PE has one user transport)",
+                    ));
+                }
+                Some(RserpoolConfig {
+                    pool_handle: rserpool_wire::PoolHandle::from(r.pool_handle.as_str()),
+                    registrars,
+                    transport,
+                    refresh,
+                    protocol,
+                })
+            }
+        };
+
+        // Pool.
+        let policy: LoadSharePolicy = match &raw.pool.policy {
+            None if rserpool.is_some() => LoadSharePolicy::Pool,
+            None => LoadSharePolicy::RoundRobin,
+            Some(p) => p.parse().map_err(|m: String| c.err("pool.policy", m))?,
+        };
+        if policy == LoadSharePolicy::Pool && rserpool.is_none() {
+            return Err(c.err(
+                "pool.policy",
+                "\"pool\" (the pool's own RSerPool policy) needs an RSerPool member source; static members carry no RSerPool policy values. Choose e.g. \"weighted-round-robin\" or \"least-sessions\"",
+            ));
+        }
+        let traffic_metric = match raw.pool.traffic_metric.as_deref() {
+            None | Some("bytes") => TrafficMetric::Bytes,
+            Some("packets") => TrafficMetric::Packets,
+            Some(o) => {
+                return Err(c.err(
+                    "pool.traffic_metric",
+                    format!("{o:?} is not \"bytes\" or \"packets\""),
+                ))
+            }
+        };
+        let traffic_window = c.duration(
+            "pool.traffic_window",
+            &raw.pool.traffic_window,
+            Duration::from_secs(10),
+        )?;
+        if traffic_window < Duration::from_millis(10) {
+            return Err(c.err("pool.traffic_window", "must be at least 10ms"));
+        }
+        if raw.pool.members.is_empty() && rserpool.is_none() {
+            return Err(c.err(
+                "pool.members",
+                "at least one member is needed, e.g. members = [{ address = \"127.0.0.1:9000\" }] (or --member ADDR)",
+            ));
+        }
+        let mut members: Vec<MemberSpec> = Vec::new();
+        for (i, m) in raw.pool.members.iter().enumerate() {
+            let f = |x: &str| format!("pool.members[{i}].{x}");
+            let address = c.addr(&f("address"), &m.address)?;
+            if address.port() == 0 {
+                return Err(c.err(f("address"), "port 0 is not a member port"));
+            }
+            if members.iter().any(|x| x.address == address) {
+                return Err(c.err(f("address"), format!("{address} is listed twice")));
+            }
+            let weight = c.int(&f("weight"), m.weight, 1u32, 0, 1_000_000)?;
+            let cost = cost_value(&c, &f("cost"), &m.cost)?;
+            let max_sessions = match m.max_sessions {
+                None => None,
+                Some(_) => Some(c.int(
+                    &f("max_sessions"),
+                    m.max_sessions,
+                    0u32,
+                    0,
+                    i64::from(u32::MAX),
+                )?),
+            };
+            let mut spec = MemberSpec::new(address).weight(weight).cost(cost);
+            spec.max_sessions = max_sessions;
+            members.push(spec);
+        }
+
+        // Timers.
+        let t = &raw.timers;
+        let d = Timers::default();
+        let timers = Timers {
+            tcp_established: c.duration(
+                "timers.tcp_established",
+                &t.tcp_established,
+                d.tcp_established,
+            )?,
+            tcp_transitory: c.duration(
+                "timers.tcp_transitory",
+                &t.tcp_transitory,
+                d.tcp_transitory,
+            )?,
+            tcp_rst_linger: c.duration(
+                "timers.tcp_rst_linger",
+                &t.tcp_rst_linger,
+                d.tcp_rst_linger,
+            )?,
+            udp: c.duration("timers.udp", &t.udp, d.udp)?,
+        };
+        for (name, v, floor, rfc) in [
+            (
+                "timers.tcp_established",
+                timers.tcp_established,
+                d.tcp_established,
+                "RFC 5382 REQ-5",
+            ),
+            (
+                "timers.tcp_transitory",
+                timers.tcp_transitory,
+                d.tcp_transitory,
+                "RFC 5382",
+            ),
+            (
+                "timers.tcp_rst_linger",
+                timers.tcp_rst_linger,
+                d.tcp_rst_linger,
+                "RFC 7857 §2.2",
+            ),
+            (
+                "timers.udp",
+                timers.udp,
+                Duration::from_secs(120),
+                "RFC 4787 REQ-5",
+            ),
+        ] {
+            if v.is_zero() && name != "timers.tcp_rst_linger" {
+                return Err(c.err(name, "must be greater than zero"));
+            }
+            if v < floor {
+                warnings.push(format!(
+                    "{name} = {v:?} is below the {rfc} floor of {floor:?}"
+                ));
+            }
+        }
+        let connect_timeout = c.duration("timers.connect", &t.connect, Duration::from_secs(3))?;
+        if connect_timeout.is_zero() {
+            return Err(c.err("timers.connect", "must be greater than zero"));
+        }
+
+        // Health.
+        let h = &raw.health;
+        let has_tcp = listeners.iter().any(|l| l.protocol == Protocol::Tcp);
+        let kind = match h.probe.as_deref() {
+            None => {
+                if has_tcp {
+                    ProbeKind::Tcp
+                } else {
+                    ProbeKind::None
+                }
+            }
+            Some("tcp") => ProbeKind::Tcp,
+            Some("udp") => ProbeKind::Udp,
+            Some("none") => ProbeKind::None,
+            Some(o) => {
+                return Err(c.err(
+                    "health.probe",
+                    format!("{o:?} is not \"tcp\", \"udp\" or \"none\""),
+                ))
+            }
+        };
+        let send = h.send.clone().unwrap_or_default().into_bytes();
+        let expect = h.expect.clone().unwrap_or_default().into_bytes();
+        if kind == ProbeKind::Udp && send.is_empty() {
+            return Err(c.err(
+                "health.send",
+                "a UDP probe needs bytes to send (health.send)",
+            ));
+        }
+        let probe = ProbeConfig {
+            kind,
+            interval: c.duration("health.interval", &h.interval, Duration::from_secs(2))?,
+            timeout: c.duration("health.timeout", &h.timeout, Duration::from_secs(1))?,
+            port: match h.port {
+                None => None,
+                Some(_) => Some(c.int("health.port", h.port, 0u16, 1, 65535)?),
+            },
+            send,
+            expect,
+        };
+        if probe.interval.is_zero() || probe.timeout.is_zero() {
+            return Err(c.err(
+                "health.interval",
+                "health.interval and health.timeout must be greater than zero",
+            ));
+        }
+        let dh = HealthParams::default();
+        let response_timeout = c.duration(
+            "health.response_timeout",
+            &h.response_timeout,
+            Duration::ZERO,
+        )?;
+        let health = HealthParams {
+            liveness: crate::core::member::LivenessParams {
+                fall: c.int("health.fall", h.fall, dh.liveness.fall, 1, 1000)?,
+                rise: c.int("health.rise", h.rise, dh.liveness.rise, 1, 1000)?,
+                slow_start: c.duration(
+                    "health.slow_start",
+                    &h.slow_start,
+                    dh.liveness.slow_start,
+                )?,
+                revive_after: c.duration(
+                    "health.revive_after",
+                    &h.revive_after,
+                    dh.liveness.revive_after,
+                )?,
+                active_probes: kind != ProbeKind::None,
+            },
+            panic_threshold_percent: c.int(
+                "health.panic_threshold",
+                h.panic_threshold,
+                0u8,
+                0,
+                100,
+            )?,
+            close_sessions_on_dead: h.close_sessions_on_dead.unwrap_or(true),
+            response_timeout: (!response_timeout.is_zero()).then_some(response_timeout),
+            connect_retries: c.int(
+                "health.connect_retries",
+                h.connect_retries,
+                dh.connect_retries,
+                0,
+                16,
+            )?,
+        };
+
+        // Limits.
+        let l = &raw.limits;
+        let dl = Limits::default();
+        let limits = Limits {
+            max_sessions: c.int(
+                "limits.max_sessions",
+                l.max_sessions,
+                dl.max_sessions,
+                1,
+                10_000_000,
+            )?,
+            max_sessions_per_member: c.int(
+                "limits.max_sessions_per_member",
+                l.max_sessions_per_member,
+                dl.max_sessions_per_member,
+                1,
+                10_000_000,
+            )?,
+            max_lingering: c.int(
+                "limits.max_lingering",
+                l.max_lingering,
+                dl.max_lingering,
+                0,
+                10_000_000,
+            )?,
+            recent_outcomes: c.int(
+                "limits.recent_outcomes",
+                l.recent_outcomes,
+                dl.recent_outcomes,
+                0,
+                100_000,
+            )?,
+            receipt_candidates: c.int(
+                "limits.receipt_candidates",
+                l.receipt_candidates,
+                dl.receipt_candidates,
+                0,
+                10_000,
+            )?,
+            status_bindings: c.int(
+                "limits.status_bindings",
+                l.status_bindings,
+                dl.status_bindings,
+                0,
+                1_000_000,
+            )?,
+        };
+
+        // Persistence.
+        let p = &raw.persistence;
+        let dp = PersistenceParams::default();
+        let persistence = PersistenceParams {
+            timeout: c.duration("persistence.timeout", &p.timeout, dp.timeout)?,
+            netmask_v4: c.int("persistence.netmask_v4", p.netmask_v4, dp.netmask_v4, 0, 32)?,
+            netmask_v6: c.int(
+                "persistence.netmask_v6",
+                p.netmask_v6,
+                dp.netmask_v6,
+                0,
+                128,
+            )?,
+            max_entries: c.int(
+                "persistence.max_entries",
+                p.max_entries,
+                dp.max_entries,
+                1,
+                10_000_000,
+            )?,
+        };
+
+        let status = match &raw.status.address {
+            None => None,
+            Some(s) => Some(c.addr("status.address", s)?),
+        };
+
+        // Runtime.
+        let r = &raw.runtime;
+        let worker_threads = match r.worker_threads {
+            None => None,
+            Some(_) => Some(c.int("runtime.worker_threads", r.worker_threads, 1usize, 1, 256)?),
+        };
+        let smallest = [
+            timers.tcp_established,
+            timers.tcp_transitory,
+            timers.udp,
+            health.response_timeout.unwrap_or(Duration::MAX),
+            if timers.tcp_rst_linger.is_zero() {
+                Duration::MAX
+            } else {
+                timers.tcp_rst_linger
+            },
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(Duration::from_secs(1));
+        let default_tick =
+            (smallest / 10).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let tick = c.duration("runtime.tick", &r.tick, default_tick)?;
+        if tick < Duration::from_millis(1) {
+            return Err(c.err("runtime.tick", "must be at least 1ms"));
+        }
+        let runtime = RuntimeConfig {
+            worker_threads,
+            buffer_size: c.int(
+                "runtime.buffer_size",
+                r.buffer_size,
+                16_384usize,
+                1024,
+                1 << 20,
+            )?,
+            splice: r.splice.unwrap_or(cfg!(target_os = "linux")),
+            tick,
+            report_interval: (smallest / 8).clamp(Duration::from_millis(5), Duration::from_secs(1)),
+        };
+
+        Ok(Config {
+            listeners,
+            members,
+            core: CoreConfig {
+                policy,
+                traffic_metric,
+                traffic_window,
+                timers,
+                health,
+                limits,
+                persistence,
+            },
+            probe,
+            connect_timeout,
+            status,
+            runtime,
+            rserpool,
+            warnings,
+        })
+    }
+}

@@ -1,0 +1,260 @@
+//! The tokio driver: listeners, relays, probes, timers and the status endpoint around the
+//! sans-IO core. Every decision is the core's; this module moves bytes and reports what the
+//! operating system said.
+
+mod http;
+mod probe;
+#[cfg(target_os = "linux")]
+mod splice;
+mod tcp;
+mod udp;
+
+use crate::config::Config;
+use crate::core::receipt::Outcome;
+use crate::core::{Gateway, Protocol, SessionId, Status, Time};
+use crate::source::{MemberSource, SourceUpdate};
+use rand::SeedableRng;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+
+/// The core and the data plane's handles on its sessions, under one lock.
+pub(crate) struct Inner {
+    pub(crate) core: Gateway,
+    /// How to stop a session's relay when the core ends it (idle timeout, member lost).
+    pub(crate) kills: HashMap<SessionId, oneshot::Sender<Outcome>>,
+}
+
+impl Inner {
+    /// Hands the core's queued actions to the relays.
+    pub(crate) fn apply_actions(&mut self) {
+        if !self.core.has_actions() {
+            return;
+        }
+        for action in self.core.take_actions() {
+            match action {
+                crate::core::Action::Close { session, outcome } => {
+                    if let Some(tx) = self.kills.remove(&session) {
+                        let _ = tx.send(outcome);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// State shared by the driver's tasks.
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+    start: Instant,
+    pub(crate) config: Config,
+}
+
+impl Shared {
+    /// The core's clock: time since the gateway started.
+    pub(crate) fn now(&self) -> Time {
+        self.start.elapsed()
+    }
+
+    /// Locks the core (a poisoned lock is recovered: the core has no invariants a panic
+    /// elsewhere could break halfway, and refusing service would be worse).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the core, then delivers any actions it queued.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Gateway, Time) -> R) -> R {
+        let now = self.now();
+        let mut g = self.lock();
+        let r = f(&mut g.core, now);
+        g.apply_actions();
+        r
+    }
+}
+
+/// A running gateway.
+pub struct Running {
+    shared: Arc<Shared>,
+    listeners: Vec<(Protocol, SocketAddr)>,
+    status: Option<SocketAddr>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl Running {
+    /// The addresses actually bound (useful with port 0).
+    pub fn listeners(&self) -> &[(Protocol, SocketAddr)] {
+        &self.listeners
+    }
+
+    /// The first bound address of the given protocol.
+    pub fn listener(&self, protocol: Protocol) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|(p, _)| *p == protocol)
+            .map(|(_, a)| *a)
+    }
+
+    /// The status endpoint's bound address.
+    pub fn status_address(&self) -> Option<SocketAddr> {
+        self.status
+    }
+
+    /// The status document now.
+    pub fn status(&self) -> Status {
+        let now = self.shared.now();
+        self.shared.lock().core.status(now)
+    }
+
+    /// The metrics now, in Prometheus text format.
+    pub fn metrics(&self) -> String {
+        self.shared.lock().core.render_metrics()
+    }
+
+    /// Runs `f` on the core (read or adjust it from outside, e.g. in tests).
+    pub fn with_core<R>(&self, f: impl FnOnce(&mut Gateway, Time) -> R) -> R {
+        self.shared.with(f)
+    }
+
+    /// Stops listening, ends open sessions with outcome shutdown, and waits for the tasks.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        {
+            let now = self.shared.now();
+            let mut g = self.shared.lock();
+            g.core.shutdown(now);
+            for (_, tx) in g.kills.drain() {
+                let _ = tx.send(Outcome::Shutdown);
+            }
+        }
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Starts a gateway: binds the listeners and the status endpoint, starts the member source,
+/// the timers and the probes. Returns once everything is listening.
+pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Result<Running> {
+    let core = Gateway::new(
+        config.core.clone(),
+        Box::new(rand::rngs::StdRng::from_os_rng()),
+    );
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            core,
+            kills: HashMap::new(),
+        }),
+        start: Instant::now(),
+        config,
+    });
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+
+    // Members first, so the first session finds them.
+    let (tx, mut rx) = mpsc::channel::<SourceUpdate>(64);
+    tracing::info!(source = %source.describe(), "member source");
+    let mut first = None;
+    let src = source.run(tx);
+    let mut src_handle = tokio::spawn(async move {
+        if let Err(e) = src.await {
+            tracing::error!(error = %e, "member source failed; keeping the last membership");
+        }
+    });
+    tokio::select! {
+        u = rx.recv() => first = u,
+        _ = &mut src_handle => {}
+    }
+    if first.is_none() {
+        first = rx.try_recv().ok();
+    }
+    if let Some(u) = first {
+        apply_update(&shared, u);
+    }
+    {
+        let shared = shared.clone();
+        let mut stop = shutdown_rx.clone();
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    u = rx.recv() => match u {
+                        Some(u) => apply_update(&shared, u),
+                        None => break,
+                    },
+                    _ = stop.changed() => break,
+                }
+            }
+        });
+    }
+
+    let mut listeners = Vec::new();
+    for l in shared.config.listeners.clone() {
+        match l.protocol {
+            Protocol::Tcp => {
+                let listener = tcp::bind(l.address)?;
+                let local = listener.local_addr()?;
+                tracing::info!(address = %local, "listening (tcp)");
+                listeners.push((Protocol::Tcp, local));
+                tasks.spawn(tcp::accept_loop(
+                    shared.clone(),
+                    listener,
+                    shutdown_rx.clone(),
+                ));
+            }
+            Protocol::Udp => {
+                let sock = udp::bind(l.address)?;
+                let local = sock.local_addr()?;
+                tracing::info!(address = %local, "listening (udp)");
+                listeners.push((Protocol::Udp, local));
+                tasks.spawn(udp::listener_loop(
+                    shared.clone(),
+                    sock,
+                    shutdown_rx.clone(),
+                ));
+            }
+        }
+    }
+    let status = match shared.config.status {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr).await?;
+            let local = l.local_addr()?;
+            tracing::info!(address = %local, "status endpoint (GET /status, /metrics)");
+            tasks.spawn(http::serve(shared.clone(), l, shutdown_rx.clone()));
+            Some(local)
+        }
+        None => None,
+    };
+    tasks.spawn(ticker(shared.clone(), shutdown_rx.clone()));
+    if shared.config.probe.kind != crate::config::ProbeKind::None {
+        tasks.spawn(probe::probe_loop(shared.clone(), shutdown_rx.clone()));
+    }
+    Ok(Running {
+        shared,
+        listeners,
+        status,
+        shutdown,
+        tasks,
+    })
+}
+
+fn apply_update(shared: &Shared, u: SourceUpdate) {
+    shared.with(|core, now| match u {
+        SourceUpdate::Members(m) => core.set_members(now, m),
+        SourceUpdate::Evidence { key, registered } => core.source_evidence(now, &key, registered),
+    });
+}
+
+async fn ticker(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut iv = tokio::time::interval(shared.config.runtime.tick);
+    iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = iv.tick() => shared.with(|core, now| core.poll(now)),
+            _ = stop.changed() => break,
+        }
+    }
+}

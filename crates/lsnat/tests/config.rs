@@ -1,0 +1,225 @@
+//! Configuration: defaults are the RFC floors; malformed files are refused with the field's
+//! name (and line); flags work without a file.
+
+use rserpool_lsnat::config::{parse_duration, ProbeKind};
+use rserpool_lsnat::core::member::Cost;
+use rserpool_lsnat::core::policy::LoadSharePolicy;
+use rserpool_lsnat::core::Protocol;
+use rserpool_lsnat::{Config, ConfigError, LsnatArgs, Overrides};
+use std::time::Duration;
+
+const GOOD: &str = r#"
+[[listener]]
+address = "127.0.0.1:8080"
+protocol = "tcp"
+
+[[listener]]
+address = "[::1]:8053"
+protocol = "udp"
+
+[pool]
+policy = "weighted-least-sessions"
+members = [
+  { address = "127.0.0.1:9000", weight = 3, cost = 10 },
+  { address = "127.0.0.1:9001", weight = 0 },
+  { address = "[::1]:9002", cost = "unreachable", max_sessions = 5 },
+]
+
+[timers]
+udp = "10m"
+tcp_established = 7200
+
+[health]
+interval = "500ms"
+fall = 2
+send = "ping\n"
+expect = "pong"
+panic_threshold = 50
+
+[limits]
+max_sessions = 100
+
+[persistence]
+timeout = "5m"
+netmask_v4 = 24
+
+[status]
+address = "127.0.0.1:9090"
+"#;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml(text, "test.toml", &Overrides::default())
+}
+
+fn error(text: &str) -> String {
+    parse(text).expect_err("must be refused").to_string()
+}
+
+#[test]
+fn a_full_file_is_read() {
+    let c = parse(GOOD).unwrap();
+    assert_eq!(c.listeners.len(), 2);
+    assert_eq!(c.listeners[1].protocol, Protocol::Udp);
+    assert_eq!(c.core.policy, LoadSharePolicy::WeightedLeastSessions);
+    assert_eq!(c.members[0].weight, 3);
+    assert_eq!(c.members[0].cost, Cost::Finite(10));
+    assert_eq!(c.members[1].weight, 0);
+    assert_eq!(c.members[2].cost, Cost::Unreachable);
+    assert_eq!(c.members[2].max_sessions, Some(5));
+    assert_eq!(c.core.timers.udp, Duration::from_secs(600));
+    assert_eq!(c.probe.interval, Duration::from_millis(500));
+    assert_eq!(c.probe.kind, ProbeKind::Tcp);
+    assert_eq!(c.probe.send, b"ping\n");
+    assert_eq!(c.core.health.panic_threshold_percent, 50);
+    assert_eq!(c.core.persistence.netmask_v4, 24);
+    assert_eq!(c.core.limits.max_sessions, 100);
+    assert!(c.status.is_some());
+    // 7200 s is below RFC 5382's 2 h 4 min: accepted, with a warning.
+    assert!(c.warnings.iter().any(|w| w.contains("tcp_established")));
+}
+
+#[test]
+fn defaults_are_the_rfc_floors() {
+    let c = parse(
+        "[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n",
+    )
+    .unwrap();
+    let t = &c.core.timers;
+    assert_eq!(t.tcp_established, Duration::from_secs(7440));
+    assert_eq!(t.tcp_transitory, Duration::from_secs(240));
+    assert_eq!(t.tcp_rst_linger, Duration::from_secs(240));
+    assert_eq!(t.udp, Duration::from_secs(300));
+    assert!(c.warnings.is_empty());
+    assert_eq!(c.core.policy, LoadSharePolicy::RoundRobin);
+}
+
+#[test]
+fn malformed_files_name_the_field() {
+    let base = "[[listener]]\naddress = \"127.0.0.1:80\"\n";
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\", wieght = 2 }}]\n"
+    ));
+    assert!(e.contains("wieght") && e.contains("line 4"), "{e}");
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"localhost\" }}]\n"
+    ));
+    assert!(e.contains("pool.members[0].address"), "{e}");
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\", weight = -1 }}]\n"
+    ));
+    assert!(e.contains("pool.members[0].weight"), "{e}");
+    let e = error(&format!(
+        "{base}[pool]\npolicy = \"fastest\"\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n"
+    ));
+    assert!(
+        e.contains("pool.policy") && e.contains("round-robin"),
+        "{e}"
+    );
+    let e = error(&format!(
+        "{base}[pool]\npolicy = \"pool\"\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n"
+    ));
+    assert!(e.contains("RSerPool member source"), "{e}");
+    let e = error(&format!("{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[timers]\nudp = \"5 parsecs\"\n"));
+    assert!(e.contains("timers.udp"), "{e}");
+    let e = error(&format!("{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[health]\npanic_threshold = 150\n"));
+    assert!(
+        e.contains("health.panic_threshold") && e.contains("0..=100"),
+        "{e}"
+    );
+    let e = error(&format!("{base}[pool]\nmembers = []\n"));
+    assert!(e.contains("pool.members"), "{e}");
+    let e = error("[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n");
+    assert!(e.contains("listener"), "{e}");
+    let e = error(&format!("{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}, {{ address = \"127.0.0.1:81\" }}]\n"));
+    assert!(
+        e.contains("pool.members[1].address") && e.contains("twice"),
+        "{e}"
+    );
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[health]\nprobe = \"udp\"\n"
+    ));
+    assert!(e.contains("health.send"), "{e}");
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\", cost = \"far\" }}]\n"
+    ));
+    assert!(e.contains("pool.members[0].cost"), "{e}");
+    let e = error("this is not toml");
+    assert!(e.contains("line 1"), "{e}");
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[limits]\nmax_sessions = 0\n"
+    ));
+    assert!(e.contains("limits.max_sessions"), "{e}");
+}
+
+#[test]
+fn flags_alone_make_a_configuration() {
+    let args = LsnatArgs {
+        listen: vec!["udp:127.0.0.1:5353".into(), "[::1]:8080".into()],
+        member: vec![
+            "127.0.0.1:9000,3".into(),
+            "127.0.0.1:9001,1,unreachable".into(),
+        ],
+        policy: Some("wrr".into()),
+        status: Some("127.0.0.1:0".into()),
+        threads: Some(1),
+        ..LsnatArgs::default()
+    };
+    let c = args.load().unwrap();
+    assert_eq!(c.listeners[0].protocol, Protocol::Udp);
+    assert_eq!(c.listeners[1].protocol, Protocol::Tcp);
+    assert_eq!(c.members[0].weight, 3);
+    assert_eq!(c.members[1].cost, Cost::Unreachable);
+    assert_eq!(c.core.policy, LoadSharePolicy::WeightedRoundRobin);
+    assert_eq!(c.runtime.worker_threads, Some(1));
+    let bad = LsnatArgs {
+        listen: vec!["127.0.0.1:1".into()],
+        member: vec!["127.0.0.1:9000,heavy".into()],
+        ..LsnatArgs::default()
+    };
+    let e = bad.load().unwrap_err().to_string();
+    assert!(e.contains("--member[0]"), "{e}");
+}
+
+#[test]
+fn durations_parse() {
+    assert_eq!(parse_duration("2h4m").unwrap(), Duration::from_secs(7440));
+    assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+    assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+    assert!(parse_duration("").is_err());
+    assert!(parse_duration("ms").is_err());
+    assert!(parse_duration("5").is_ok());
+    assert!(parse_duration("99999999999999999999999s").is_err());
+}
+
+#[test]
+fn command_line_parses_into_lsnat_args() {
+    use clap::{CommandFactory, Parser};
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: LsnatArgs,
+    }
+    Cli::command().debug_assert();
+    let cli = Cli::try_parse_from([
+        "lsnat",
+        "--listen",
+        "127.0.0.1:8080",
+        "--listen",
+        "udp:127.0.0.1:5353",
+        "--member",
+        "127.0.0.1:9000,2",
+        "--policy",
+        "least-sessions",
+        "--status",
+        "127.0.0.1:9090",
+        "--threads",
+        "1",
+        "--check",
+    ])
+    .unwrap();
+    assert!(cli.args.check);
+    let c = cli.args.load().unwrap();
+    assert_eq!(c.listeners.len(), 2);
+    assert_eq!(c.core.policy, LoadSharePolicy::LeastSessions);
+    assert!(Cli::try_parse_from(["lsnat", "--threads", "many"]).is_err());
+}

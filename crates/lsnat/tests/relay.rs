@@ -1,0 +1,790 @@
+//! The gateway over loopback with real sockets: TCP and UDP binding and unbinding, a member
+//! killed (SIGKILL) or stopped (SIGSTOP) in a child process, recovery with slow start, draining
+//! through the member source, limits, connect failures, and the status endpoint.
+
+use rserpool_lsnat::core::member::MemberSpec;
+use rserpool_lsnat::core::receipt::Outcome;
+use rserpool_lsnat::core::{Protocol, Status};
+use rserpool_lsnat::source::{ChannelSource, SourceUpdate};
+use rserpool_lsnat::{start, Config, Overrides, Running, StaticSource};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// An in-process TCP echo server that can be told to stop answering (it keeps accepting and
+/// reading, as a wedged application does).
+struct Echo {
+    addr: SocketAddr,
+    mute: Arc<AtomicBool>,
+    data_conns: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn echo() -> Echo {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mute = Arc::new(AtomicBool::new(false));
+    let data_conns = Arc::new(AtomicUsize::new(0));
+    let (m, d) = (mute.clone(), data_conns.clone());
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                continue;
+            };
+            let (m, d) = (m.clone(), d.clone());
+            conns.spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut first = true;
+                loop {
+                    let n = match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if first {
+                        first = false;
+                        d.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if !m.load(Ordering::SeqCst) && s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Echo {
+        addr,
+        mute,
+        data_conns,
+        task,
+    }
+}
+
+/// A TCP echo server in a child process (this test binary, re-run as `child_backend`), so it
+/// can be killed with SIGKILL or stopped with SIGSTOP.
+struct ChildBackend {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for ChildBackend {
+    fn drop(&mut self) {
+        signal(&self.child, libc::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+fn child_backend_spawn() -> ChildBackend {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_backend",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("LSNAT_CHILD_BACKEND", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning the child backend");
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let port: u16 = loop {
+        let line = lines.next().expect("child backend output").unwrap();
+        if let Some(i) = line.find("LSNAT_CHILD_PORT=") {
+            break line[i + "LSNAT_CHILD_PORT=".len()..]
+                .trim()
+                .parse()
+                .unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    ChildBackend {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+    }
+}
+
+/// Not a test of its own: the body of the child backend process.
+#[test]
+fn child_backend() {
+    if std::env::var("LSNAT_CHILD_BACKEND").is_err() {
+        return;
+    }
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("LSNAT_CHILD_PORT={}", l.local_addr().unwrap().port());
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    for s in l.incoming() {
+        let Ok(mut s) = s else { continue };
+        std::thread::spawn(move || {
+            let Ok(mut r) = s.try_clone() else { return };
+            let _ = std::io::copy(&mut r, &mut s);
+        });
+    }
+}
+
+fn config(members: &[SocketAddr], extra: &str) -> Config {
+    let list: Vec<String> = members
+        .iter()
+        .map(|a| format!("{{ address = \"{a}\" }}"))
+        .collect();
+    let text = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"udp\"\n[status]\naddress = \"127.0.0.1:0\"\n[pool]\nmembers = [{}]\n{extra}",
+        list.join(", ")
+    );
+    Config::from_toml(&text, "test", &Overrides::default()).unwrap()
+}
+
+async fn gateway(members: &[SocketAddr], extra: &str) -> Running {
+    let c = config(members, extra);
+    let src = Box::new(StaticSource::new(c.members.clone()));
+    start(c, src).await.unwrap()
+}
+
+async fn roundtrip(s: &mut TcpStream, msg: &[u8]) -> std::io::Result<()> {
+    s.write_all(msg).await?;
+    let mut got = vec![0u8; msg.len()];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+        .await
+        .map_err(|_| std::io::Error::other("no echo"))??;
+    assert_eq!(got, msg);
+    Ok(())
+}
+
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t0.elapsed()
+}
+
+fn member_state(st: &Status, addr: SocketAddr) -> &'static str {
+    st.members
+        .iter()
+        .find(|m| m.address == addr)
+        .map(|m| m.state)
+        .unwrap_or("absent")
+}
+
+fn outcomes_of(st: &Status, addr: SocketAddr) -> Vec<Outcome> {
+    st.recent_outcomes
+        .iter()
+        .filter(|r| r.bound.as_ref().is_some_and(|b| b.address == addr))
+        .filter_map(|r| r.outcome.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_sessions_bind_relay_half_close_and_unbind() {
+    tcp_relay_case("[health]\nprobe = \"none\"\n[runtime]\nsplice = false\n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_relay_with_splice_behaves_the_same() {
+    tcp_relay_case("[health]\nprobe = \"none\"\n[runtime]\nsplice = true\n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_transfers_arrive_intact_and_counted_with_and_without_splice() {
+    for splice in [false, true] {
+        let a = echo().await;
+        let gw = gateway(
+            &[a.addr],
+            &format!(
+                "[health]\nprobe = \"none\"\n[runtime]\nsplice = {splice}\nbuffer_size = 4096\n"
+            ),
+        )
+        .await;
+        let vip = gw.listener(Protocol::Tcp).unwrap();
+        let s = TcpStream::connect(vip).await.unwrap();
+        let (mut r, mut w) = s.into_split();
+        const LEN: usize = 3 << 20;
+        let data: Vec<u8> = (0..LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            w.write_all(&sent).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut got = Vec::with_capacity(LEN);
+        tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        writer.await.unwrap();
+        assert!(got == data, "payload corrupted (splice = {splice})");
+        wait_until("the session's outcome", || {
+            !gw.status().recent_outcomes.is_empty()
+        })
+        .await;
+        let st = gw.status();
+        let r = &st.recent_outcomes[0];
+        assert_eq!(r.outcome, Some(Outcome::Closed));
+        assert_eq!(
+            (r.bytes_to_member, r.bytes_to_client),
+            (LEN as u64, LEN as u64)
+        );
+        gw.shutdown().await;
+    }
+}
+
+async fn tcp_relay_case(extra: &str) {
+    let (a, b) = (echo().await, echo().await);
+    let gw = gateway(&[a.addr, b.addr], extra).await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    for i in 0..4 {
+        let mut c = TcpStream::connect(vip).await.unwrap();
+        roundtrip(&mut c, format!("hello {i}").as_bytes())
+            .await
+            .unwrap();
+        // Half-close from the client: the member sees EOF, closes, and the client sees EOF.
+        c.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest.is_empty());
+    }
+    wait_until("four closed sessions", || {
+        gw.status()
+            .recent_outcomes
+            .iter()
+            .filter(|r| r.outcome == Some(Outcome::Closed))
+            .count()
+            == 4
+    })
+    .await;
+    assert_eq!(a.data_conns.load(Ordering::SeqCst), 2);
+    assert_eq!(b.data_conns.load(Ordering::SeqCst), 2);
+    let st = gw.status();
+    assert_eq!(st.active_sessions, 0);
+    for r in &st.recent_outcomes {
+        assert!(r.reached_ms.is_some() && r.connected_ms.is_some());
+        assert_eq!(r.bytes_to_member, 7);
+        assert_eq!(r.bytes_to_client, 7);
+    }
+    let m = gw.metrics();
+    assert!(
+        m.contains(&format!(
+            "lsnat_member_reached_total{{member=\"{}\"}} 2",
+            a.addr
+        )),
+        "{m}"
+    );
+    assert!(m.contains("lsnat_outcomes_total{outcome=\"closed\"} 4"));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_virtual_address_relays_to_ipv4_members() {
+    let a = echo().await;
+    let text = format!(
+        "[[listener]]\naddress = \"[::1]:0\"\n[pool]\nmembers = [{{ address = \"{}\" }}]\n[health]\nprobe = \"none\"\n",
+        a.addr
+    );
+    let c = Config::from_toml(&text, "test", &Overrides::default()).unwrap();
+    let src = Box::new(StaticSource::new(c.members.clone()));
+    let gw = match start(c, src).await {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipping: no IPv6 loopback here ({e})");
+            return;
+        }
+    };
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut s = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut s, b"over v6").await.unwrap();
+    drop(s);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_flows_bind_per_client_and_end_by_idle_timer() {
+    async fn udp_echo() -> SocketAddr {
+        let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let a = s.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            while let Ok((n, from)) = s.recv_from(&mut buf).await {
+                let _ = s.send_to(&buf[..n], from).await;
+            }
+        });
+        a
+    }
+    let (a, b) = (udp_echo().await, udp_echo().await);
+    let gw = gateway(
+        &[a, b],
+        "[health]\nprobe = \"none\"\n[timers]\nudp = \"400ms\"\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Udp).unwrap();
+    let c1 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let c2 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for (c, msg) in [(&c1, b"one".as_slice()), (&c2, b"two"), (&c1, b"uno")] {
+        c.send_to(msg, vip).await.unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = tokio::time::timeout(Duration::from_secs(5), c.recv_from(&mut buf))
+            .await
+            .expect("udp echo through the gateway")
+            .unwrap();
+        assert_eq!(&buf[..n], msg);
+        assert_eq!(from, vip, "replies come from the virtual address");
+    }
+    let st = gw.status();
+    assert_eq!(st.active_sessions, 2, "one flow per client address");
+    let members: Vec<SocketAddr> = st
+        .bindings
+        .iter()
+        .map(|b| b.receipt.bound.as_ref().unwrap().address)
+        .collect();
+    assert!(members.contains(&a) && members.contains(&b), "{members:?}");
+    wait_until("both flows to idle out", || {
+        gw.status().active_sessions == 0
+    })
+    .await;
+    let st = gw.status();
+    let idle = st
+        .recent_outcomes
+        .iter()
+        .filter(|r| r.outcome == Some(Outcome::IdleTimeout { state: "udp" }))
+        .count();
+    assert_eq!(idle, 2);
+    // The same client again is a new flow.
+    c1.send_to(b"again", vip).await.unwrap();
+    let mut buf = [0u8; 64];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(5), c1.recv_from(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf[..n], b"again");
+    assert!(gw.metrics().contains("lsnat_sessions_opened_total 3"));
+    gw.shutdown().await;
+}
+
+const FAST_PROBES: &str = "[health]\ninterval = \"100ms\"\ntimeout = \"300ms\"\nfall = 2\nrise = 2\nslow_start = \"500ms\"\nsend = \"ping\\n\"\nexpect = \"ping\"\n";
+
+/// Connects until a session lands on `target`; returns that connection (echo checked).
+async fn session_on(gw: &Running, target: SocketAddr) -> TcpStream {
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    for _ in 0..10 {
+        let mut s = TcpStream::connect(vip).await.unwrap();
+        roundtrip(&mut s, b"probe me").await.unwrap();
+        let on_target = gw.status().bindings.iter().any(|b| {
+            b.receipt.bound.as_ref().unwrap().address == target
+                && b.receipt.client == s.local_addr().unwrap()
+        });
+        if on_target {
+            return s;
+        }
+    }
+    panic!("no session landed on {target}");
+}
+
+async fn new_sessions_avoid(gw: &Running, dead: SocketAddr, n: usize) {
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    for i in 0..n {
+        let mut s = TcpStream::connect(vip).await.unwrap();
+        roundtrip(&mut s, format!("after {i}").as_bytes())
+            .await
+            .unwrap();
+        let bound_to = gw
+            .status()
+            .bindings
+            .iter()
+            .find(|b| b.receipt.client == s.local_addr().unwrap())
+            .map(|b| b.receipt.bound.as_ref().unwrap().address);
+        assert_ne!(
+            bound_to,
+            Some(dead),
+            "a new session was bound to the dead member"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_member_gets_no_new_bindings_and_its_sessions_are_lost() {
+    let child = child_backend_spawn();
+    let other = echo().await;
+    let gw = gateway(&[child.addr, other.addr], FAST_PROBES).await;
+    let mut held = session_on(&gw, child.addr).await;
+    let t0 = Instant::now();
+    let mut child = child;
+    child.child.kill().unwrap();
+    let _ = child.child.wait();
+    wait_until("the killed member to be judged dead", || {
+        member_state(&gw.status(), child.addr) == "dead"
+    })
+    .await;
+    let detected = t0.elapsed();
+    // interval 100 ms × fall 2 + timeout: well under the generous bound.
+    assert!(detected < Duration::from_secs(5), "{detected:?}");
+    wait_until("the held session's outcome", || {
+        !outcomes_of(&gw.status(), child.addr).is_empty()
+    })
+    .await;
+    let outcomes = outcomes_of(&gw.status(), child.addr);
+    assert!(
+        matches!(outcomes.last(), Some(Outcome::MemberLost { .. })),
+        "{outcomes:?}"
+    );
+    assert!(
+        !outcomes.contains(&Outcome::Closed),
+        "a lost session is never counted as completed"
+    );
+    // The client side is closed promptly.
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), held.read(&mut buf)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "{r:?}");
+    new_sessions_avoid(&gw, child.addr, 6).await;
+    let m = gw.metrics();
+    assert!(
+        m.contains(&format!(
+            "lsnat_member_outcomes_total{{member=\"{}\",outcome=\"member_lost\"}} 1",
+            child.addr
+        )),
+        "{m}"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_member_is_judged_dead_then_returns_with_slow_start() {
+    let child = child_backend_spawn();
+    let other = echo().await;
+    let gw = gateway(&[child.addr, other.addr], FAST_PROBES).await;
+    let mut held = session_on(&gw, child.addr).await;
+    signal(&child.child, libc::SIGSTOP);
+    // kill(2) returns before the process has stopped: wait until it has.
+    let stat = format!("/proc/{}/stat", child.child.id());
+    wait_until("the child to stop", || {
+        std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    })
+    .await;
+    // The stopped process's kernel still accepts connections; the probe's expected reply
+    // never comes, and that is the evidence.
+    held.write_all(b"anyone there?").await.unwrap();
+    wait_until("the stopped member to be judged dead", || {
+        member_state(&gw.status(), child.addr) == "dead"
+    })
+    .await;
+    wait_until("the held session to be reported lost", || {
+        matches!(
+            outcomes_of(&gw.status(), child.addr).last(),
+            Some(Outcome::MemberLost { .. })
+        )
+    })
+    .await;
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), held.read(&mut buf)).await;
+    assert!(
+        matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+        "client side closed: {r:?}"
+    );
+    new_sessions_avoid(&gw, child.addr, 4).await;
+    // Resume: probes pass again, probation (slow start), then alive and chosen again.
+    signal(&child.child, libc::SIGCONT);
+    wait_until("probation", || {
+        matches!(
+            member_state(&gw.status(), child.addr),
+            "probation" | "alive"
+        )
+    })
+    .await;
+    wait_until("alive", || {
+        member_state(&gw.status(), child.addr) == "alive"
+    })
+    .await;
+    let back = session_on(&gw, child.addr).await;
+    drop(back);
+    let transitions = gw.metrics();
+    assert!(
+        transitions.contains(&format!(
+            "lsnat_member_transitions_total{{member=\"{}\",to=\"probation\"}} 1",
+            child.addr
+        )),
+        "{transitions}"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_member_keeps_bound_sessions_and_gets_no_new_ones() {
+    let (a, b) = (echo().await, echo().await);
+    let c = config(&[a.addr, b.addr], "[health]\nprobe = \"none\"\n");
+    let (tx, src) = ChannelSource::new();
+    tx.send(SourceUpdate::Members(c.members.clone()))
+        .await
+        .unwrap();
+    let gw = start(c, Box::new(src)).await.unwrap();
+    let mut held = session_on(&gw, a.addr).await;
+    tx.send(SourceUpdate::Members(vec![
+        MemberSpec::new(a.addr).weight(0),
+        MemberSpec::new(b.addr),
+    ]))
+    .await
+    .unwrap();
+    wait_until("draining", || {
+        member_state(&gw.status(), a.addr) == "draining"
+    })
+    .await;
+    new_sessions_avoid(&gw, a.addr, 4).await;
+    roundtrip(&mut held, b"still served").await.unwrap();
+    drop(held);
+    wait_until("the drained session to close", || {
+        outcomes_of(&gw.status(), a.addr).contains(&Outcome::Closed)
+    })
+    .await;
+    // The source removes the member: it leaves once it has no sessions.
+    tx.send(SourceUpdate::Members(vec![MemberSpec::new(b.addr)]))
+        .await
+        .unwrap();
+    wait_until("removal", || member_state(&gw.status(), a.addr) == "absent").await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_over_the_limit_are_refused_and_counted() {
+    let a = echo().await;
+    let gw = gateway(
+        &[a.addr],
+        "[health]\nprobe = \"none\"\n[limits]\nmax_sessions = 2\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut s1 = TcpStream::connect(vip).await.unwrap();
+    let mut s2 = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut s1, b"1").await.unwrap();
+    roundtrip(&mut s2, b"2").await.unwrap();
+    // The gateway accepts and resets at once: the reset may even beat the connect's return.
+    if let Ok(mut s3) = TcpStream::connect(vip).await {
+        let _ = s3.write_all(b"3").await;
+        let mut buf = [0u8; 4];
+        let r = tokio::time::timeout(Duration::from_secs(5), s3.read(&mut buf)).await;
+        assert!(
+            matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+            "refused connection is closed: {r:?}"
+        );
+    }
+    wait_until("the refusal", || gw.status().recent_outcomes.len() == 1).await;
+    let m = gw.metrics();
+    assert!(
+        m.contains("lsnat_refused_total{reason=\"max_sessions\"} 1"),
+        "{m}"
+    );
+    let st = gw.status();
+    assert!(st
+        .recent_outcomes
+        .iter()
+        .any(|r| matches!(r.outcome, Some(Outcome::Refused { .. })) && r.bound.is_none()));
+    // Room again once a session ends.
+    drop(s1);
+    wait_until("a free slot", || gw.status().active_sessions == 1).await;
+    let mut s4 = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut s4, b"4").await.unwrap();
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connects_rebind_elsewhere_and_count_against_the_member() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let b = echo().await;
+    let gw = gateway(&[closed, b.addr], "[health]\nprobe = \"none\"\nfall = 2\n").await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    for i in 0..4 {
+        let mut s = TcpStream::connect(vip).await.unwrap();
+        roundtrip(&mut s, format!("{i}").as_bytes()).await.unwrap();
+    }
+    let st = gw.status();
+    assert_eq!(member_state(&st, closed), "dead");
+    let rebound: Vec<_> = st
+        .bindings
+        .iter()
+        .map(|b| &b.receipt)
+        .chain(st.recent_outcomes.iter())
+        .filter(|r| !r.failed_attempts.is_empty())
+        .collect();
+    assert_eq!(
+        rebound.len(),
+        2,
+        "two sessions were rebound before the member was judged dead"
+    );
+    for r in rebound {
+        assert_eq!(r.selected.len(), 2);
+        assert_eq!(r.failed_attempts[0].reason, "connection refused");
+        assert_eq!(r.bound.as_ref().unwrap().address, b.addr);
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_endpoint_serves_json_and_prometheus_text() {
+    let a = echo().await;
+    a.mute.store(false, Ordering::SeqCst);
+    let gw = gateway(&[a.addr], "[health]\nprobe = \"none\"\n").await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut s = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut s, b"x").await.unwrap();
+    let http = gw.status_address().unwrap();
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+    let status = get(http, "/status").await;
+    assert!(status.starts_with("HTTP/1.1 200"));
+    let body = status.split("\r\n\r\n").nth(1).unwrap();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["active_sessions"], 1);
+    assert_eq!(
+        v["bindings"][0]["receipt"]["bound"]["address"],
+        a.addr.to_string()
+    );
+    assert_eq!(v["members"][0]["state"], "alive");
+    let metrics = get(http, "/metrics").await;
+    assert!(metrics.contains("text/plain; version=0.0.4"));
+    for family in [
+        "lsnat_member_selected_total",
+        "lsnat_member_bound_total",
+        "lsnat_member_reached_total",
+        "lsnat_outcomes_total",
+        "lsnat_refused_total",
+    ] {
+        assert!(metrics.contains(&format!("# TYPE {family}")), "{family}");
+    }
+    assert!(get(http, "/nope").await.starts_with("HTTP/1.1 404"));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tcp_session_is_closed_by_its_timer() {
+    let a = echo().await;
+    let gw = gateway(
+        &[a.addr],
+        "[health]\nprobe = \"none\"\n[timers]\ntcp_established = \"300ms\"\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut s = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut s, b"then silence").await.unwrap();
+    let mut buf = [0u8; 4];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "{r:?}");
+    let st = gw.status();
+    assert_eq!(
+        st.recent_outcomes[0].outcome,
+        Some(Outcome::IdleTimeout {
+            state: "established"
+        })
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_reset_is_recorded_as_reset_and_passed_on() {
+    // A backend that answers once, then resets the connection.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let backend = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                continue;
+            };
+            let mut buf = [0u8; 64];
+            let Ok(n) = s.read(&mut buf).await else {
+                continue;
+            };
+            let _ = s.write_all(&buf[..n]).await;
+            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            drop(s);
+        }
+    });
+    let gw = gateway(&[addr], "[health]\nprobe = \"none\"\n").await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut c = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut c, b"then reset").await.unwrap();
+    let mut buf = [0u8; 8];
+    let r = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf)).await;
+    assert!(
+        matches!(&r, Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the client sees a reset, not a clean close: {r:?}"
+    );
+    wait_until("the outcome", || !gw.status().recent_outcomes.is_empty()).await;
+    let st = gw.status();
+    assert_eq!(
+        st.recent_outcomes[0].outcome,
+        Some(Outcome::Reset {
+            by: rserpool_lsnat::core::receipt::Side::Member
+        })
+    );
+    // The binding lingers (RFC 7857) without holding a session slot.
+    assert_eq!((st.active_sessions, st.lingering), (0, 1));
+    backend.abort();
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_datagrams_refused_by_the_member_end_the_flow_as_connect_failed() {
+    let closed = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap()
+    };
+    let gw = gateway(&[closed], "[health]\nprobe = \"none\"\nfall = 1\n").await;
+    let vip = gw.listener(Protocol::Udp).unwrap();
+    let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    c.send_to(b"hello?", vip).await.unwrap();
+    wait_until("the flow's outcome", || {
+        !gw.status().recent_outcomes.is_empty()
+    })
+    .await;
+    let st = gw.status();
+    assert!(
+        matches!(
+            &st.recent_outcomes[0].outcome,
+            Some(Outcome::ConnectFailed { reason }) if reason.contains("refused")
+        ),
+        "{:?}",
+        st.recent_outcomes[0].outcome
+    );
+    assert!(st.recent_outcomes[0].reached_ms.is_none());
+    assert_eq!(member_state(&st, closed), "dead");
+    gw.shutdown().await;
+}
