@@ -27,6 +27,8 @@ enum Command {
     Demo,
     /// Run a registrar: ASAP for pool elements and pool users.
     Registrar(Box<registrar::RegistrarArgs>),
+    /// Run the LSNAT gateway: one virtual address in front of a pool (RFC 2391).
+    Lsnat(Box<rserpool_lsnat::LsnatArgs>),
     /// Resolve a pool handle at a registrar and print the PEs selected and why.
     Resolve(resolve::ResolveArgs),
     /// Decode the ASAP and ENRP messages of a pcap file (default: a bundled RSPLIB capture).
@@ -61,7 +63,7 @@ pub(crate) async fn shutdown_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let daemon = matches!(cli.command, Command::Registrar(_));
+    let daemon = matches!(cli.command, Command::Registrar(_) | Command::Lsnat(_));
     let log = cli
         .log
         .clone()
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo => demo::demo(),
         Command::Registrar(args) => registrar::run_registrar(*args),
+        Command::Lsnat(args) => rserpool_lsnat::run(&args),
         Command::Resolve(args) => resolve::run(args),
         Command::Decode(args) => decode::run(&args),
         Command::Bench(args) => bench::run(args),
