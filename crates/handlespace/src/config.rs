@@ -49,6 +49,7 @@ impl HandlespaceConfig {
     };
 
     /// The effective max increment (at least 1).
+    #[inline]
     pub(crate) fn increment(&self) -> usize {
         self.max_increment.max(1)
     }

@@ -14,17 +14,24 @@
 //! |---|---|---|
 //! | pool by handle | `BTreeMap<PoolHandle, pool>` | O(log P) |
 //! | PE by pool and identifier | per pool `BTreeMap<PoolElementId, entry>` | O(log n) |
-//! | selection order (ordered policies) | per pool `BTreeMap<sort key, FIFO list>` through the hot records | O(log k) per key change, O(1) per returned PE otherwise; k = distinct keys |
+//! | selection order (ordered policies) | per pool sorted chunks of (sort key, FIFO list) (`chunked`) through the hot records | O(log k) per key change, O(1) per returned PE otherwise; k = distinct keys |
 //! | selection weights (randomized policies) | per pool Fenwick tree over dense slots | O(log n) per draw and weight change |
 //! | uniform draw (Random) | per pool dense slot array, partial Fisher–Yates | O(1) per returned PE |
 //! | by owner (home registrar) | `BTreeMap<RegistrarId, list>` + intrusive list, with the checksum word sum | O(log owners) |
 //! | by association | `BTreeMap<AssociationId, list>` + intrusive list | O(log associations) |
 //! | timers | 4-ary min-heap with positions | O(log n), next due O(1) |
 //!
-//! Only `BTreeMap`s are used for lookups: iteration order is deterministic (simulations replay
-//! exactly) and keys chosen by a peer cannot degrade them the way colliding hash keys can.
+//! Only ordered structures are used for lookups (`BTreeMap`s, and sorted arrays indexed by a
+//! `BTreeMap`): iteration order is deterministic (simulations replay exactly) and keys chosen by
+//! a peer cannot degrade them the way colliding hash keys can.
+//!
+//! The walk along an ordered pool's selection order reads each PE's hot record in key order,
+//! which is unrelated to where the records lie in memory; in a pool too large for the caches
+//! every selection fetches the record of the PE the next selection will return first, so that
+//! it arrives while the current one completes.
 
 use crate::checksum::{element_words, finish};
+use crate::chunked::ChunkedMap;
 use crate::fenwick::Fenwick;
 use crate::policy::{self, Kind};
 use crate::timer::{TimerHeap, TimerKind};
@@ -212,6 +219,12 @@ impl ListHead {
     };
 }
 
+impl Default for ListHead {
+    fn default() -> Self {
+        ListHead::EMPTY
+    }
+}
+
 /// The cold part of a PE entry: what registration, owners, associations and lookups use.
 #[derive(Debug, Clone)]
 struct Entry {
@@ -266,7 +279,7 @@ impl Hot {
 #[derive(Debug, Clone)]
 enum SelIndex {
     /// Sort key to the FIFO list of the entries with that key, in selection order.
-    Ordered(BTreeMap<u64, ListHead>),
+    Ordered(ChunkedMap<ListHead>),
     Uniform(Vec<u32>),
     Weighted(Fenwick),
 }
@@ -275,6 +288,8 @@ enum SelIndex {
 struct Pool {
     handle: PoolHandle,
     policy: PolicyType,
+    /// The policy type as a dense code.
+    shape: Shape,
     kind: Kind,
     transport_type: ParameterType,
     transport_use: TransportUse,
@@ -414,140 +429,153 @@ fn sel_unlink(hot: &mut [Hot], list: &mut ListHead, i: u32) {
     list.len -= 1;
 }
 
-/// The policy's value fields in wire order, without allocating.
-fn pack(policy: &PoolPolicy) -> [u32; 4] {
-    use PoolPolicy::*;
-    match *policy {
-        RoundRobin | Random | Other { .. } => [0; 4],
-        WeightedRoundRobin { weight } | WeightedRandom { weight } => [weight, 0, 0, 0],
-        Priority { priority } => [priority, 0, 0, 0],
-        LeastUsed { load } | RandomizedLeastUsed { load } => [load, 0, 0, 0],
-        LeastUsedDegradation { load, degradation }
-        | PriorityLeastUsed { load, degradation }
-        | RandomizedPriorityLeastUsed { load, degradation }
-        | RandomizedLeastUsedDegradation { load, degradation }
-        | PriorityLeastUsedDegradation { load, degradation }
-        | RandomizedPriorityLeastUsedDegradation { load, degradation } => [load, degradation, 0, 0],
-        WeightedRandomDpf {
-            weight,
-            weight_dpf,
-            distance,
-        } => [weight, weight_dpf, distance, 0],
-        LeastUsedDpf {
-            load,
-            load_dpf,
-            distance,
-        } => [load, load_dpf, distance, 0],
-        LeastUsedDegradationDpf {
-            load,
-            degradation,
-            load_dpf,
-            distance,
-        }
-        | PriorityLeastUsedDpf {
-            load,
-            degradation,
-            load_dpf,
-            distance,
-        }
-        | PriorityLeastUsedDegradationDpf {
-            load,
-            degradation,
-            load_dpf,
-            distance,
-        } => [load, degradation, load_dpf, distance],
+/// A selectable policy type as a dense code, so that turning an entry's mirrored values back
+/// into its policy ([`unpack`]) is a single jump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    RoundRobin,
+    Random,
+    WeightedRoundRobin,
+    WeightedRandom,
+    Priority,
+    LeastUsed,
+    RandomizedLeastUsed,
+    LeastUsedDegradation,
+    PriorityLeastUsed,
+    RandomizedPriorityLeastUsed,
+    RandomizedLeastUsedDegradation,
+    PriorityLeastUsedDegradation,
+    RandomizedPriorityLeastUsedDegradation,
+    WeightedRandomDpf,
+    LeastUsedDpf,
+    LeastUsedDegradationDpf,
+    PriorityLeastUsedDpf,
+    PriorityLeastUsedDegradationDpf,
+}
+
+impl Shape {
+    fn of(policy: PolicyType) -> Option<Shape> {
+        Some(match policy {
+            PolicyType::ROUND_ROBIN => Shape::RoundRobin,
+            PolicyType::RANDOM => Shape::Random,
+            PolicyType::WEIGHTED_ROUND_ROBIN => Shape::WeightedRoundRobin,
+            PolicyType::WEIGHTED_RANDOM => Shape::WeightedRandom,
+            PolicyType::PRIORITY => Shape::Priority,
+            PolicyType::LEAST_USED => Shape::LeastUsed,
+            PolicyType::RANDOMIZED_LEAST_USED => Shape::RandomizedLeastUsed,
+            PolicyType::LEAST_USED_DEGRADATION => Shape::LeastUsedDegradation,
+            PolicyType::PRIORITY_LEAST_USED => Shape::PriorityLeastUsed,
+            PolicyType::RANDOMIZED_PRIORITY_LEAST_USED => Shape::RandomizedPriorityLeastUsed,
+            PolicyType::RANDOMIZED_LEAST_USED_DEGRADATION => Shape::RandomizedLeastUsedDegradation,
+            PolicyType::PRIORITY_LEAST_USED_DEGRADATION => Shape::PriorityLeastUsedDegradation,
+            PolicyType::RANDOMIZED_PRIORITY_LEAST_USED_DEGRADATION => {
+                Shape::RandomizedPriorityLeastUsedDegradation
+            }
+            PolicyType::WEIGHTED_RANDOM_DPF => Shape::WeightedRandomDpf,
+            PolicyType::LEAST_USED_DPF => Shape::LeastUsedDpf,
+            PolicyType::LEAST_USED_DEGRADATION_DPF => Shape::LeastUsedDegradationDpf,
+            PolicyType::PRIORITY_LEAST_USED_DPF => Shape::PriorityLeastUsedDpf,
+            PolicyType::PRIORITY_LEAST_USED_DEGRADATION_DPF => {
+                Shape::PriorityLeastUsedDegradationDpf
+            }
+            _ => return None,
+        })
     }
 }
 
-/// The policy of a pool's type with the values an entry mirrors (the inverse of [`pack`]).
+/// The policy of a pool's shape with the values an entry mirrors (the inverse of [`PoolPolicy::fields`]).
 #[inline]
-fn unpack(policy: PolicyType, v: &[u32; 4]) -> PoolPolicy {
+fn unpack(shape: Shape, v: &[u32; 4]) -> PoolPolicy {
     use PoolPolicy::*;
     let [a, b, c, d] = *v;
-    match policy {
-        PolicyType::ROUND_ROBIN => RoundRobin,
-        PolicyType::RANDOM => Random,
-        PolicyType::WEIGHTED_ROUND_ROBIN => WeightedRoundRobin { weight: a },
-        PolicyType::WEIGHTED_RANDOM => WeightedRandom { weight: a },
-        PolicyType::PRIORITY => Priority { priority: a },
-        PolicyType::LEAST_USED => LeastUsed { load: a },
-        PolicyType::RANDOMIZED_LEAST_USED => RandomizedLeastUsed { load: a },
-        PolicyType::LEAST_USED_DEGRADATION => LeastUsedDegradation {
+    match shape {
+        Shape::RoundRobin => RoundRobin,
+        Shape::Random => Random,
+        Shape::WeightedRoundRobin => WeightedRoundRobin { weight: a },
+        Shape::WeightedRandom => WeightedRandom { weight: a },
+        Shape::Priority => Priority { priority: a },
+        Shape::LeastUsed => LeastUsed { load: a },
+        Shape::RandomizedLeastUsed => RandomizedLeastUsed { load: a },
+        Shape::LeastUsedDegradation => LeastUsedDegradation {
             load: a,
             degradation: b,
         },
-        PolicyType::PRIORITY_LEAST_USED => PriorityLeastUsed {
+        Shape::PriorityLeastUsed => PriorityLeastUsed {
             load: a,
             degradation: b,
         },
-        PolicyType::RANDOMIZED_PRIORITY_LEAST_USED => RandomizedPriorityLeastUsed {
+        Shape::RandomizedPriorityLeastUsed => RandomizedPriorityLeastUsed {
             load: a,
             degradation: b,
         },
-        PolicyType::RANDOMIZED_LEAST_USED_DEGRADATION => RandomizedLeastUsedDegradation {
+        Shape::RandomizedLeastUsedDegradation => RandomizedLeastUsedDegradation {
             load: a,
             degradation: b,
         },
-        PolicyType::PRIORITY_LEAST_USED_DEGRADATION => PriorityLeastUsedDegradation {
+        Shape::PriorityLeastUsedDegradation => PriorityLeastUsedDegradation {
             load: a,
             degradation: b,
         },
-        PolicyType::RANDOMIZED_PRIORITY_LEAST_USED_DEGRADATION => {
-            RandomizedPriorityLeastUsedDegradation {
-                load: a,
-                degradation: b,
-            }
-        }
-        PolicyType::WEIGHTED_RANDOM_DPF => WeightedRandomDpf {
+        Shape::RandomizedPriorityLeastUsedDegradation => RandomizedPriorityLeastUsedDegradation {
+            load: a,
+            degradation: b,
+        },
+        Shape::WeightedRandomDpf => WeightedRandomDpf {
             weight: a,
             weight_dpf: b,
             distance: c,
         },
-        PolicyType::LEAST_USED_DPF => LeastUsedDpf {
+        Shape::LeastUsedDpf => LeastUsedDpf {
             load: a,
             load_dpf: b,
             distance: c,
         },
-        PolicyType::LEAST_USED_DEGRADATION_DPF => LeastUsedDegradationDpf {
+        Shape::LeastUsedDegradationDpf => LeastUsedDegradationDpf {
             load: a,
             degradation: b,
             load_dpf: c,
             distance: d,
         },
-        PolicyType::PRIORITY_LEAST_USED_DPF => PriorityLeastUsedDpf {
+        Shape::PriorityLeastUsedDpf => PriorityLeastUsedDpf {
             load: a,
             degradation: b,
             load_dpf: c,
             distance: d,
         },
-        PolicyType::PRIORITY_LEAST_USED_DEGRADATION_DPF => PriorityLeastUsedDegradationDpf {
+        Shape::PriorityLeastUsedDegradationDpf => PriorityLeastUsedDegradationDpf {
             load: a,
             degradation: b,
             load_dpf: c,
             distance: d,
         },
-        // Pools are only created for the types above (`policy::kind`).
-        _ => RoundRobin,
     }
 }
 
 /// Takes an entry out of its key's list; drops the list when it empties.
-fn group_unlink(order: &mut BTreeMap<u64, ListHead>, hot: &mut [Hot], i: u32) {
+fn group_unlink(order: &mut ChunkedMap<ListHead>, hot: &mut [Hot], i: u32) {
     let h = &mut hot[i as usize];
     if h.sel == Link::NONE {
         // Alone under its key.
-        order.remove(&h.key);
+        order.remove(h.key);
     } else {
-        let list = order.get_mut(&h.key).expect("entry's key has a list");
+        let list = order.get_mut(h.key).expect("entry's key has a list");
         sel_unlink(hot, list, i);
     }
     hot[i as usize].place = NIL;
 }
 
 /// Appends an entry to the list of `key`, creating it if needed.
-fn group_push_back(order: &mut BTreeMap<u64, ListHead>, hot: &mut [Hot], i: u32, key: u64) {
-    let list = order.entry(key).or_insert(ListHead::EMPTY);
-    sel_push_back(hot, list, i);
+fn group_push_back(order: &mut ChunkedMap<ListHead>, hot: &mut [Hot], i: u32, key: u64) {
+    hot[i as usize].sel = Link::NONE;
+    order.insert_or_update(
+        key,
+        || ListHead {
+            head: i,
+            tail: i,
+            len: 1,
+        },
+        |list| sel_push_back(hot, list, i),
+    );
     let h = &mut hot[i as usize];
     h.place = 0;
     h.key = key;
@@ -557,11 +585,11 @@ fn group_push_back(order: &mut BTreeMap<u64, ListHead>, hot: &mut [Hot], i: u32,
 /// it has just been selected, or its key changed. Needs no lookup when the entry stays under
 /// its key and is already last there.
 #[inline]
-fn move_to_back(order: &mut BTreeMap<u64, ListHead>, hot: &mut [Hot], i: u32, new_key: u64) {
-    let h = hot[i as usize];
-    if h.key == new_key {
-        if h.sel.next != NIL {
-            let list = order.get_mut(&new_key).expect("entry's key has a list");
+fn move_to_back(order: &mut ChunkedMap<ListHead>, hot: &mut [Hot], i: u32, new_key: u64) {
+    let (key, next) = (hot[i as usize].key, hot[i as usize].sel.next);
+    if key == new_key {
+        if next != NIL {
+            let list = order.get_mut(new_key).expect("entry's key has a list");
             sel_unlink(hot, list, i);
             sel_push_back(hot, list, i);
         }
@@ -571,13 +599,13 @@ fn move_to_back(order: &mut BTreeMap<u64, ListHead>, hot: &mut [Hot], i: u32, ne
     }
 }
 
-fn sel_insert(index: &mut SelIndex, policy_type: PolicyType, hot: &mut [Hot], i: u32) {
+fn sel_insert(index: &mut SelIndex, shape: Shape, hot: &mut [Hot], i: u32) {
     let h = &mut hot[i as usize];
-    let policy = unpack(policy_type, &h.values);
+    let policy = unpack(shape, &h.values);
     match index {
         SelIndex::Ordered(order) => {
             // A new weighted-round-robin PE joins the current (lowest) round.
-            let round = order.keys().next().copied().unwrap_or(0);
+            let round = order.first_key().unwrap_or(0);
             let key = policy::order_key(&policy, h.degradation_count, round);
             group_push_back(order, hot, i, key);
         }
@@ -614,9 +642,9 @@ fn sel_remove(index: &mut SelIndex, hot: &mut [Hot], i: u32) {
 }
 
 /// Re-sorts or re-weighs an entry after its policy values or counters changed.
-fn sel_rekey(index: &mut SelIndex, policy_type: PolicyType, hot: &mut [Hot], i: u32) {
+fn sel_rekey(index: &mut SelIndex, shape: Shape, hot: &mut [Hot], i: u32) {
     let h = hot[i as usize];
-    let policy = unpack(policy_type, &h.values);
+    let policy = unpack(shape, &h.values);
     match index {
         SelIndex::Ordered(order) => {
             // For weighted round robin the key is the round, which a new weight keeps.
@@ -636,8 +664,58 @@ fn sel_rekey(index: &mut SelIndex, policy_type: PolicyType, hot: &mut [Hot], i: 
     }
 }
 
+/// Advances the policy state of a PE an ordered selection returned: its WRR credit or LUD
+/// counter. Returns its key and the key it moves to.
 #[inline]
-fn selected(hot: &[Hot], policy: PolicyType, i: u32, basis: SelectionBasis) -> SelectedElement {
+fn advance_ordered(
+    h: &mut Hot,
+    chosen: &SelectedElement,
+    weighted_round_robin: bool,
+    degrades: bool,
+) -> (u64, u64) {
+    let key = h.key;
+    let new_key = if weighted_round_robin {
+        h.wrr_credit -= 1;
+        if h.wrr_credit == 0 {
+            h.wrr_credit = chosen.policy.weight().unwrap_or(1).max(1);
+            key + 1
+        } else {
+            key
+        }
+    } else if degrades {
+        h.degradation_count = h.degradation_count.saturating_add(1);
+        policy::order_key(&chosen.policy, h.degradation_count, 0)
+    } else {
+        key
+    };
+    (key, new_key)
+}
+
+/// Ordered pools from this size on (64 KiB of hot records) fetch ahead the hot records the
+/// next selection will read.
+const PREFETCH_POOL_SIZE: usize = 1024;
+
+/// Asks the CPU to bring the cache line of `x` in ahead of its use. A hint: it changes no
+/// value and no behaviour, only when the memory is read.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch<T>(x: &T) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+    // SAFETY: `_mm_prefetch` is unsafe to call only because it needs the SSE target feature,
+    // which the `cfg` above guarantees for the whole build (SSE is part of the x86_64
+    // baseline). A prefetch never faults, reads nothing into the program and writes nothing;
+    // the address is that of a live reference in any case.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (x as *const T).cast::<i8>(),
+        );
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+    let _ = x;
+}
+
+#[inline]
+fn selected(hot: &[Hot], shape: Shape, i: u32, basis: SelectionBasis) -> SelectedElement {
     let h = &hot[i as usize];
     SelectedElement {
         entry: EntryId {
@@ -645,7 +723,7 @@ fn selected(hot: &[Hot], policy: PolicyType, i: u32, basis: SelectionBasis) -> S
             generation: h.generation,
         },
         id: h.id,
-        policy: unpack(policy, &h.values),
+        policy: unpack(shape, &h.values),
         selection_count: h.selection_count,
         degradation_count: h.degradation_count,
         basis,
@@ -723,7 +801,9 @@ impl Handlespace {
             return Err(Error::InvalidPoolElementId);
         }
         let policy_type = element.policy.policy_type();
-        let kind = policy::kind(policy_type).ok_or(Error::UnsupportedPolicy(policy_type))?;
+        let (Some(kind), Some(shape)) = (policy::kind(policy_type), Shape::of(policy_type)) else {
+            return Err(Error::UnsupportedPolicy(policy_type));
+        };
         let transport_type = element.user_transport.parameter_type();
         let transport_use = element.user_transport.transport_use();
         let total_limit = Self::limit(self.config.max_pool_elements);
@@ -791,12 +871,13 @@ impl Handlespace {
                 let pool = Pool {
                     handle: pool_handle.clone(),
                     policy: policy_type,
+                    shape,
                     kind,
                     transport_type,
                     transport_use,
                     by_id: BTreeMap::new(),
                     index: match kind {
-                        Kind::Ordered { .. } => SelIndex::Ordered(BTreeMap::new()),
+                        Kind::Ordered { .. } => SelIndex::Ordered(ChunkedMap::default()),
                         Kind::Uniform => SelIndex::Uniform(Vec::new()),
                         Kind::Weighted { .. } => SelIndex::Weighted(Fenwick::new()),
                     },
@@ -851,7 +932,7 @@ impl Handlespace {
             degradation_count: 0,
             wrr_credit: policy::wrr_credit(&element.policy),
             place: NIL,
-            values: pack(&element.policy),
+            values: element.policy.fields().padded(),
         };
         let entry = Entry {
             element,
@@ -874,7 +955,7 @@ impl Handlespace {
             self.slots.push(Some(entry));
             self.hot.push(hot);
         }
-        sel_insert(&mut pool.index, pool.policy, &mut self.hot, i);
+        sel_insert(&mut pool.index, pool.shape, &mut self.hot, i);
         let o = self.owners.entry(owner).or_insert(Owner {
             list: ListHead::EMPTY,
             words: 0,
@@ -911,11 +992,11 @@ impl Handlespace {
         let h = &mut self.hot[i as usize];
         let had_degradation = h.degradation_count != 0;
         h.degradation_count = 0;
-        h.values = pack(&e.element.policy);
+        h.values = e.element.policy.fields().padded();
         h.wrr_credit = h.wrr_credit.min(policy::wrr_credit(&e.element.policy));
         if values_changed || had_degradation {
             let pool = self.pools[p as usize].as_mut().expect("live pool");
-            sel_rekey(&mut pool.index, pool.policy, &mut self.hot, i);
+            sel_rekey(&mut pool.index, pool.shape, &mut self.hot, i);
         }
         if previous.home_registrar != new_owner {
             self.move_owner(i, previous.home_registrar, new_owner);
@@ -984,23 +1065,33 @@ impl Handlespace {
             .pool_index
             .get(pool_handle)
             .ok_or(Error::UnknownPoolHandle)?;
-        let pool = self.pools[p as usize].as_ref().expect("indexed pool");
-        let &i = pool.by_id.get(&id).ok_or(Error::UnknownPoolElement(id))?;
-        Ok(self.remove_index(i, false).1)
+        let pool = self.pools[p as usize].as_mut().expect("indexed pool");
+        // One search finds and unindexes it.
+        let i = pool
+            .by_id
+            .remove(&id)
+            .ok_or(Error::UnknownPoolElement(id))?;
+        Ok(self.remove_index(i, false, false).1)
     }
 
     /// Removes the PE an [`EntryId`] names (e.g. after a keep-alive timeout); returns it with
     /// its pool's handle.
     pub fn remove(&mut self, entry: EntryId) -> Result<(PoolHandle, RemovedElement), Error> {
         let i = self.index_of(entry)?;
-        let (handle, removed) = self.remove_index(i, true);
+        let (handle, removed) = self.remove_index(i, true, true);
         Ok((handle.expect("asked for the handle"), removed))
     }
 
     /// Removes entry `i`; returns the pool's handle too if `with_handle` (cloned unless the
-    /// pool goes away with it).
-    #[inline]
-    fn remove_index(&mut self, i: u32, with_handle: bool) -> (Option<PoolHandle>, RemovedElement) {
+    /// pool goes away with it). `indexed_by_id` is false when the caller already took it out
+    /// of its pool's identifier index.
+    #[inline(always)]
+    fn remove_index(
+        &mut self,
+        i: u32,
+        with_handle: bool,
+        indexed_by_id: bool,
+    ) -> (Option<PoolHandle>, RemovedElement) {
         let (p, id, owner, words, association) = {
             let e = live(&self.slots, i);
             (
@@ -1012,7 +1103,9 @@ impl Handlespace {
             )
         };
         let pool = self.pools[p as usize].as_mut().expect("live pool");
-        pool.by_id.remove(&id);
+        if indexed_by_id {
+            pool.by_id.remove(&id);
+        }
         sel_remove(&mut pool.index, &mut self.hot, i);
         let pool_emptied = pool.by_id.is_empty();
         let o = self.owners.get_mut(&owner).expect("owner has a list");
@@ -1164,7 +1257,7 @@ impl Handlespace {
         out.policy = pool.policy;
         out.pool_size = pool.by_id.len();
         let advance = self.config.increment();
-        let policy_type = pool.policy;
+        let shape = pool.shape;
         let hot = &mut self.hot;
         match (&mut pool.index, pool.kind) {
             (
@@ -1174,40 +1267,64 @@ impl Handlespace {
                     weighted_round_robin,
                 },
             ) => {
-                if n > 0 {
-                    'groups: for (&key, list) in order.iter() {
-                        let mut i = list.head;
-                        while i != NIL {
-                            let basis = SelectionBasis::Rank { key };
-                            out.elements.push(selected(hot, policy_type, i, basis));
-                            if out.elements.len() == n {
-                                break 'groups;
+                // In a large pool the hot records are mostly out of the caches: the PE a
+                // selection will come to next is fetched ahead (below).
+                let fetch_ahead = out.pool_size >= PREFETCH_POOL_SIZE;
+                let mut groups = order.iter_mut();
+                // The first key's list: the first PE returned moves within it without a
+                // lookup when its key stays.
+                let mut first_list = None;
+                'groups: while out.elements.len() < n {
+                    let Some((key, list)) = groups.next() else {
+                        break;
+                    };
+                    let mut i = list.head;
+                    if first_list.is_none() {
+                        first_list = Some(list);
+                    }
+                    while i != NIL {
+                        let basis = SelectionBasis::Rank { key };
+                        out.elements.push(selected(hot, shape, i, basis));
+                        let h = &mut hot[i as usize];
+                        h.selection_count += 1;
+                        let next = h.sel.next;
+                        if out.elements.len() == n {
+                            if fetch_ahead {
+                                if next != NIL {
+                                    prefetch(&hot[next as usize]);
+                                } else {
+                                    // The next two keys' first PEs: the next selection and the
+                                    // one after reach them.
+                                    for (_, l) in groups.by_ref().take(2) {
+                                        prefetch(&hot[l.head as usize]);
+                                    }
+                                }
                             }
-                            i = hot[i as usize].sel.next;
+                            break 'groups;
                         }
+                        i = next;
                     }
                 }
-                for (k, chosen) in out.elements.iter().enumerate() {
+                let mut advancing = out.elements.iter().take(advance);
+                if let Some(chosen) = advancing.next() {
+                    // The first PE returned heads the first key's list.
                     let i = chosen.entry.index;
                     let h = &mut hot[i as usize];
-                    h.selection_count += 1;
-                    if k >= advance {
-                        continue;
-                    }
-                    let new_key = if weighted_round_robin {
-                        h.wrr_credit -= 1;
-                        if h.wrr_credit == 0 {
-                            h.wrr_credit = chosen.policy.weight().unwrap_or(1).max(1);
-                            h.key + 1
-                        } else {
-                            h.key
+                    let (key, new_key) = advance_ordered(h, chosen, weighted_round_robin, degrades);
+                    match first_list {
+                        Some(list) if new_key == key => {
+                            if h.sel.next != NIL {
+                                sel_unlink(hot, list, i);
+                                sel_push_back(hot, list, i);
+                            }
                         }
-                    } else if degrades {
-                        h.degradation_count = h.degradation_count.saturating_add(1);
-                        policy::order_key(&chosen.policy, h.degradation_count, 0)
-                    } else {
-                        h.key
-                    };
+                        _ => move_to_back(order, hot, i, new_key),
+                    }
+                }
+                for chosen in advancing {
+                    let i = chosen.entry.index;
+                    let h = &mut hot[i as usize];
+                    let (_, new_key) = advance_ordered(h, chosen, weighted_round_robin, degrades);
                     move_to_back(order, hot, i, new_key);
                 }
             }
@@ -1222,7 +1339,7 @@ impl Handlespace {
                     let basis = SelectionBasis::Uniform {
                         candidates: len - k,
                     };
-                    out.elements.push(selected(hot, policy_type, v[k], basis));
+                    out.elements.push(selected(hot, shape, v[k], basis));
                     hot[v[k] as usize].selection_count += 1;
                 }
             }
@@ -1235,7 +1352,7 @@ impl Handlespace {
                     let slot = f.find(rng.random_range(0..total));
                     let (i, weight) = (f.entry(slot), f.weight(slot));
                     let basis = SelectionBasis::Weighted { weight, total };
-                    out.elements.push(selected(hot, policy_type, i, basis));
+                    out.elements.push(selected(hot, shape, i, basis));
                     // Out of the remaining draws of this selection.
                     f.set(slot, 0);
                 }
@@ -1432,7 +1549,7 @@ impl Handlespace {
     ) -> Vec<(PoolHandle, RemovedElement)> {
         let mut removed = Vec::new();
         while let Some(list) = self.associations.get(&association) {
-            let (handle, r) = self.remove_index(list.head, true);
+            let (handle, r) = self.remove_index(list.head, true, true);
             removed.push((handle.expect("asked for the handle"), r));
         }
         removed
@@ -1443,7 +1560,7 @@ impl Handlespace {
     pub fn remove_owned_by(&mut self, owner: RegistrarId) -> Vec<(PoolHandle, RemovedElement)> {
         let mut removed = Vec::new();
         while let Some(o) = self.owners.get(&owner) {
-            let (handle, r) = self.remove_index(o.list.head, true);
+            let (handle, r) = self.remove_index(o.list.head, true, true);
             removed.push((handle.expect("asked for the handle"), r));
         }
         removed
@@ -1468,7 +1585,7 @@ impl Handlespace {
                     if hot.place == NIL || hot.id != e.element.id {
                         return Err(format!("slot {i}: hot record does not match"));
                     }
-                    if hot.values != pack(&e.element.policy) {
+                    if hot.values != e.element.policy.fields().padded() {
                         return Err(format!("slot {i}: policy values mirror stale"));
                     }
                 }
@@ -1519,7 +1636,9 @@ impl Handlespace {
             if pool.by_id.len() > Self::limit(self.config.max_pool_elements_per_pool) {
                 return Err(format!("pool {handle} over its limit"));
             }
-            if policy::kind(pool.policy) != Some(pool.kind) {
+            if policy::kind(pool.policy) != Some(pool.kind)
+                || Shape::of(pool.policy) != Some(pool.shape)
+            {
                 return Err(format!("pool {handle} kind does not match its policy"));
             }
             for (&id, &i) in &pool.by_id {
@@ -1663,14 +1782,15 @@ impl Handlespace {
                     ..
                 },
             ) => {
+                order.check().map_err(|m| format!("{handle}: {m}"))?;
                 let mut count = 0;
-                for (&key, group) in order {
+                for (key, group) in order.iter() {
                     let mut members = 0u32;
                     let mut prev = NIL;
                     let mut i = group.head;
                     while i != NIL {
                         let h = check_entry(i)?;
-                        let policy = unpack(pool.policy, &h.values);
+                        let policy = unpack(pool.shape, &h.values);
                         let want = policy::order_key(&policy, h.degradation_count, key);
                         if h.place != 0 || h.key != key || want != key || h.sel.prev != prev {
                             return Err(format!("{handle}/{}: key {key}, want {want}", h.id));
@@ -1713,7 +1833,7 @@ impl Handlespace {
                 }
                 for (slot, &i) in f.entries().iter().enumerate() {
                     let h = check_entry(i)?;
-                    let policy = unpack(pool.policy, &h.values);
+                    let policy = unpack(pool.shape, &h.values);
                     let want = policy::draw_weight(&policy, h.degradation_count);
                     if h.place as usize != slot || f.weight(slot) != want || h.key != want {
                         return Err(format!("{handle}/{}: weight or slot wrong", h.id));

@@ -54,10 +54,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod checksum;
+mod chunked;
 mod config;
 mod error;
 mod fenwick;
