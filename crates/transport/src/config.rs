@@ -28,17 +28,17 @@ pub struct Limits {
     pub max_message_size: usize,
     /// Most associations open at once (inbound and outbound together). Inbound ones beyond it are
     /// refused (closed at once, counted in [`EndpointStats::refused`](crate::EndpointStats));
-    /// [`Endpoint::connect`](crate::Endpoint::connect) beyond it fails.
+    /// [`EndpointHandle::connect`](crate::EndpointHandle::connect) beyond it fails.
     pub max_associations: usize,
     /// Capacity of the endpoint's event queue. When full, receiving pauses (the transports'
     /// flow control pushes back on peers) until the owner takes events.
     pub event_queue: usize,
     /// Messages queued per TCP association waiting to be written.
-    /// [`Endpoint::try_send`](crate::Endpoint::try_send) fails with
+    /// [`Endpoint::try_send`](crate::EndpointHandle::try_send) fails with
     /// [`SendError::QueueFull`](crate::SendError::QueueFull) beyond it;
-    /// [`Endpoint::send`](crate::Endpoint::send) waits.
+    /// [`EndpointHandle::send`](crate::EndpointHandle::send) waits.
     pub send_queue: usize,
-    /// How long [`Endpoint::send`](crate::Endpoint::send) may wait for room (queue or kernel
+    /// How long [`EndpointHandle::send`](crate::EndpointHandle::send) may wait for room (queue or kernel
     /// buffer) before failing with [`SendError::Timeout`](crate::SendError::Timeout).
     pub send_timeout: Duration,
 }

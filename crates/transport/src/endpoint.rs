@@ -88,9 +88,9 @@ pub enum DownReason {
     /// The peer sent something this transport cannot accept (bad framing, a message over the
     /// limit).
     Protocol(FrameError),
-    /// Closed by [`Endpoint::close`].
+    /// Closed by [`EndpointHandle::close`].
     LocalClose,
-    /// Aborted by [`Endpoint::abort`].
+    /// Aborted by [`EndpointHandle::abort`].
     LocalAbort,
     /// Refused at once because the endpoint holds
     /// [`Limits::max_associations`](crate::Limits).
@@ -155,7 +155,7 @@ pub struct SendFailure {
 pub enum Event {
     /// An association is established.
     AssociationUp {
-        /// Its id (from [`Endpoint::connect`] for outbound ones, new for inbound ones).
+        /// Its id (from [`EndpointHandle::connect`] for outbound ones, new for inbound ones).
         id: AssociationId,
         /// What carries it.
         kind: AssociationKind,
@@ -553,12 +553,6 @@ impl Endpoint {
         self.handle.clone()
     }
 
-    /// The transport of this endpoint's own associations (plain-TCP ASAP ones are TCP whatever
-    /// this says).
-    pub fn kind(&self) -> TransportKind {
-        self.handle.shared.kind
-    }
-
     /// The local addresses bound, with the actual port (empty for a TCP endpoint that does not
     /// listen and was given none).
     pub fn local_addrs(&self) -> &[SocketAddr] {
@@ -570,63 +564,20 @@ impl Endpoint {
         &self.plain_addrs
     }
 
-    /// See [`EndpointHandle::connect`].
-    pub async fn connect(&self, addrs: &[SocketAddr]) -> Result<AssociationId, TransportError> {
-        self.handle.connect(addrs).await
-    }
-
-    /// See [`EndpointHandle::send`].
-    pub async fn send(
-        &self,
-        id: AssociationId,
-        ppid: u32,
-        stream: u16,
-        data: impl Into<Bytes>,
-    ) -> Result<(), SendError> {
-        self.handle.send(id, ppid, stream, data).await
-    }
-
-    /// See [`EndpointHandle::try_send`].
-    pub async fn try_send(
-        &self,
-        id: AssociationId,
-        ppid: u32,
-        stream: u16,
-        data: impl Into<Bytes>,
-    ) -> Result<(), SendError> {
-        self.handle.try_send(id, ppid, stream, data).await
-    }
-
-    /// See [`EndpointHandle::close`].
-    pub async fn close(&self, id: AssociationId) -> Result<(), TransportError> {
-        self.handle.close(id).await
-    }
-
-    /// See [`EndpointHandle::abort`].
-    pub async fn abort(&self, id: AssociationId) -> Result<(), TransportError> {
-        self.handle.abort(id).await
-    }
-
-    /// See [`EndpointHandle::association`].
-    pub fn association(&self, id: AssociationId) -> Option<AssociationInfo> {
-        self.handle.association(id)
-    }
-
-    /// See [`EndpointHandle::associations`].
-    pub fn associations(&self) -> Vec<AssociationId> {
-        self.handle.associations()
-    }
-
-    /// Counters since creation.
-    pub fn stats(&self) -> EndpointStats {
-        self.handle.stats()
-    }
-
     /// Stops every task and drops every association (abortively). Later calls fail; `next_event`
     /// returns `None`.
     pub fn shutdown(&mut self) {
         self.handle.shared.shutdown();
         self.events.close();
+    }
+}
+
+/// An endpoint does everything its handle does (connect, send, close, look up associations).
+impl std::ops::Deref for Endpoint {
+    type Target = EndpointHandle;
+
+    fn deref(&self) -> &EndpointHandle {
+        &self.handle
     }
 }
 
@@ -772,7 +723,8 @@ impl EndpointHandle {
         v
     }
 
-    /// The transport of the endpoint.
+    /// The transport of the endpoint's own associations (plain-TCP ASAP ones are TCP whatever
+    /// this says).
     pub fn kind(&self) -> TransportKind {
         self.shared.kind
     }

@@ -20,7 +20,7 @@ pub enum TransportError {
         /// The system's reason.
         source: io::Error,
     },
-    /// [`Endpoint::connect`](crate::Endpoint::connect) was given no address.
+    /// [`EndpointHandle::connect`](crate::EndpointHandle::connect) was given no address.
     #[error("connect needs at least one peer address")]
     NoAddress,
     /// The endpoint holds [`Limits::max_associations`](crate::Limits) associations already.
@@ -70,7 +70,7 @@ pub enum SendError {
         limit: usize,
     },
     /// The association's send queue (TCP) or the kernel's send buffer (SCTP) is full;
-    /// [`Endpoint::try_send`](crate::Endpoint::try_send) only.
+    /// [`Endpoint::try_send`](crate::EndpointHandle::try_send) only.
     #[error("send queue of association {0} is full")]
     QueueFull(AssociationId),
     /// No room appeared within [`Limits::send_timeout`](crate::Limits).

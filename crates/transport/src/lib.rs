@@ -15,12 +15,12 @@
 //! An [`Endpoint`] listens and/or connects. All of its associations report through one queue of
 //! [`Event`]s: [`Event::AssociationUp`], [`Event::Message`], [`Event::AssociationDown`] (with a
 //! [`DownReason`]), [`Event::PeerAddressChange`] and [`Event::SendFailed`]. Messages are sent with
-//! [`Endpoint::send`] by [`AssociationId`]. Code above cannot tell SCTP from TCP except by asking
-//! ([`Endpoint::kind`], [`AssociationInfo::kind`]).
+//! [`EndpointHandle::send`] by [`AssociationId`]. Code above cannot tell SCTP from TCP except by asking
+//! ([`EndpointHandle::kind`], [`AssociationInfo::kind`]).
 //!
 //! Guarantees that hold for every carrier:
 //!
-//! - every [`AssociationId`] returned by [`Endpoint::connect`] or announced by
+//! - every [`AssociationId`] returned by [`EndpointHandle::connect`] or announced by
 //!   [`Event::AssociationUp`] is followed by exactly one [`Event::AssociationDown`]; an id is never
 //!   reused by the same endpoint;
 //! - messages of one association arrive whole, in order per stream, with the PPID they were sent

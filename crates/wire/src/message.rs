@@ -75,28 +75,39 @@ impl Codec {
         &self.config
     }
 
-    /// Decodes one message. The buffer holds exactly one message, optionally followed by up to 3
-    /// zero bytes of padding. Never panics; the error names the message, the parameter and the
-    /// byte offset, and [`DecodeError::answer_cause`] gives the Operation Error to answer with.
-    pub fn decode<M: Message>(&self, bytes: &[u8]) -> Result<Decoded<M>, DecodeError> {
-        let protocol = M::PROTOCOL;
-        let mut ctx = Ctx {
+    /// A decoding context for `bytes`, refused if they are longer than `max`.
+    fn context<'a>(
+        &'a self,
+        protocol: Protocol,
+        bytes: &'a [u8],
+        max: usize,
+    ) -> Result<Ctx<'a>, DecodeError> {
+        let ctx = Ctx {
             msg: bytes,
             config: &self.config,
             protocol,
             message_type: None,
             unrecognized: Vec::new(),
         };
-        let limit = self.config.message_limit();
-        if bytes.len() > padded(limit) {
+        if bytes.len() > max {
             return Err(ctx.err(
                 0,
                 DecodeErrorKind::MessageTooLarge {
                     length: bytes.len(),
-                    limit,
+                    limit: self.config.message_limit(),
                 },
             ));
         }
+        Ok(ctx)
+    }
+
+    /// Decodes one message. The buffer holds exactly one message, optionally followed by up to 3
+    /// zero bytes of padding. Never panics; the error names the message, the parameter and the
+    /// byte offset, and [`DecodeError::answer_cause`] gives the Operation Error to answer with.
+    pub fn decode<M: Message>(&self, bytes: &[u8]) -> Result<Decoded<M>, DecodeError> {
+        let limit = self.config.message_limit();
+        // A message may be followed by its padding.
+        let mut ctx = self.context(M::PROTOCOL, bytes, padded(limit))?;
         if bytes.len() < HEADER_LEN {
             return Err(ctx.err(
                 0,
@@ -180,23 +191,7 @@ impl Codec {
         protocol: Protocol,
         bytes: &[u8],
     ) -> Result<Decoded<Vec<Parameter>>, DecodeError> {
-        let mut ctx = Ctx {
-            msg: bytes,
-            config: &self.config,
-            protocol,
-            message_type: None,
-            unrecognized: Vec::new(),
-        };
-        let limit = self.config.message_limit();
-        if bytes.len() > limit {
-            return Err(ctx.err(
-                0,
-                DecodeErrorKind::MessageTooLarge {
-                    length: bytes.len(),
-                    limit,
-                },
-            ));
-        }
+        let mut ctx = self.context(protocol, bytes, self.config.message_limit())?;
         let mut r = ctx.reader(0, bytes.len());
         let mut params = Vec::new();
         while let Some(tlv) = r.next_tlv(&mut ctx)? {
