@@ -196,7 +196,6 @@ pub struct Registrar {
     metrics: Metrics,
     next_announce: Option<Duration>,
     enrp_peers: usize,
-    scratch: Selection,
 }
 
 /// Sends an encoded message or, if it cannot be encoded (a bug), reports nothing: every message
@@ -230,7 +229,6 @@ impl Registrar {
             metrics: Metrics::default(),
             next_announce,
             enrp_peers: 0,
-            scratch: Selection::default(),
             config,
         }
     }
@@ -702,7 +700,7 @@ impl Registrar {
             Some(HandleResolutionOption { items }) => items,
         }
         .clamp(1, max) as usize;
-        let mut selection = std::mem::take(&mut self.scratch);
+        let mut selection = Selection::default();
         let found = self
             .handlespace
             .select_into(&h.pool_handle, items, &mut self.rng, &mut selection)
@@ -745,9 +743,8 @@ impl Registrar {
         self.events.push_back(RegistrarEvent::HandleResolution {
             association,
             pool_handle: h.pool_handle,
-            selection: found.then(|| selection.clone()),
+            selection: found.then_some(selection),
         });
-        self.scratch = selection;
     }
 
     fn send_keep_alive(&mut self, now: Duration, entry: EntryId) {
