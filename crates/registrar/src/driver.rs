@@ -248,7 +248,8 @@ fn on_transport_event(core: &mut Registrar, now: Duration, event: Event) {
             tracing::debug!(association = id.0, %addr, ?state, "peer address change");
         }
         Event::SendFailed { id, .. } => {
-            tracing::warn!(association = id.0, "send failed");
+            // Undelivered because the peer went away: its association-down event follows.
+            tracing::debug!(association = id.0, "send failed");
         }
     }
 }
@@ -258,8 +259,13 @@ async fn flush(core: &mut Registrar, handle: &EndpointHandle, announce: Option<&
         match t.destination {
             Destination::Association(a) => {
                 let id = rserpool_transport::AssociationId(a.0);
-                if let Err(e) = handle.try_send(id, t.ppid, 0, t.bytes).await {
-                    tracing::warn!(association = a.0, error = %e, "cannot send");
+                match handle.try_send(id, t.ppid, 0, t.bytes).await {
+                    Ok(()) => {}
+                    // The peer left before its answer: normal, and its removal is logged.
+                    Err(e @ rserpool_transport::SendError::UnknownAssociation(_)) => {
+                        tracing::debug!(association = a.0, error = %e, "cannot send")
+                    }
+                    Err(e) => tracing::warn!(association = a.0, error = %e, "cannot send"),
                 }
             }
             Destination::Announce => {
