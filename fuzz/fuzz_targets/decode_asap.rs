@@ -6,11 +6,19 @@ use libfuzzer_sys::fuzz_target;
 use rserpool_wire::{AsapMessage, Codec, CodecConfig, LifeUnit};
 
 fuzz_target!(|data: &[u8]| {
-    for config in [CodecConfig::default(), CodecConfig { registration_life_unit: LifeUnit::Seconds, ..CodecConfig::default() }] {
+    for config in [
+        CodecConfig::default(),
+        CodecConfig {
+            registration_life_unit: LifeUnit::Seconds,
+            ..CodecConfig::default()
+        },
+    ] {
         let codec = Codec::new(config);
         if let Ok(d) = codec.decode::<AsapMessage>(data) {
             let bytes = codec.encode(&d.message).expect("a decoded message encodes");
-            let again = codec.decode::<AsapMessage>(&bytes).expect("its encoding decodes");
+            let again = codec
+                .decode::<AsapMessage>(&bytes)
+                .expect("its encoding decodes");
             assert_eq!(again.message, d.message);
             assert_eq!(codec.encode(&again.message).unwrap(), bytes);
         }

@@ -3,14 +3,22 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rserpool_wire::{EnrpMessage, Codec, CodecConfig, LifeUnit};
+use rserpool_wire::{Codec, CodecConfig, EnrpMessage, LifeUnit};
 
 fuzz_target!(|data: &[u8]| {
-    for config in [CodecConfig::default(), CodecConfig { registration_life_unit: LifeUnit::Seconds, ..CodecConfig::default() }] {
+    for config in [
+        CodecConfig::default(),
+        CodecConfig {
+            registration_life_unit: LifeUnit::Seconds,
+            ..CodecConfig::default()
+        },
+    ] {
         let codec = Codec::new(config);
         if let Ok(d) = codec.decode::<EnrpMessage>(data) {
             let bytes = codec.encode(&d.message).expect("a decoded message encodes");
-            let again = codec.decode::<EnrpMessage>(&bytes).expect("its encoding decodes");
+            let again = codec
+                .decode::<EnrpMessage>(&bytes)
+                .expect("its encoding decodes");
             assert_eq!(again.message, d.message);
             assert_eq!(codec.encode(&again.message).unwrap(), bytes);
         }

@@ -8,8 +8,12 @@ use rserpool_wire::{Codec, Protocol};
 fuzz_target!(|data: &[u8]| {
     let codec = Codec::default();
     if let Ok(d) = codec.decode_parameters(Protocol::Asap, data) {
-        let bytes = codec.encode_parameters(&d.message).expect("decoded parameters encode");
-        let again = codec.decode_parameters(Protocol::Asap, &bytes).expect("and decode");
+        let bytes = codec
+            .encode_parameters(&d.message)
+            .expect("decoded parameters encode");
+        let again = codec
+            .decode_parameters(Protocol::Asap, &bytes)
+            .expect("and decode");
         assert_eq!(again.message, d.message);
     }
 });
