@@ -98,6 +98,10 @@ pub struct RegistrarArgs {
     /// Largest ASAP message accepted or sent, in bytes (at most 65535). [default: 65535]
     #[arg(long, value_name = "BYTES")]
     pub max_message_size: Option<usize>,
+    /// Most answers held for one association while its transport has no room; past it answers
+    /// to that association are dropped and counted. [default: 1024]
+    #[arg(long)]
+    pub max_held_answers: Option<usize>,
     /// Enforce the registration life of own PEs. [default: off in rsplib, on in rfc]
     #[arg(long)]
     pub enforce_registration_life: Option<bool>,
@@ -157,6 +161,7 @@ impl RegistrarArgs {
             max_pool_elements_per_pool,
             max_pool_elements,
             max_message_size,
+            max_held_answers,
             enforce_registration_life,
             metrics,
             seed
@@ -305,6 +310,12 @@ impl RegistrarArgs {
             config.announce_ttl = ttl;
         }
         config.metrics_listen = a.metrics;
+        if let Some(n) = a.max_held_answers {
+            if n == 0 {
+                bail!("max-held-answers: must be at least 1");
+            }
+            config.max_held_answers = n;
+        }
         Ok(config)
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::core::{AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent};
 use crate::metrics::Metrics;
+use crate::outbox::{self, Outbox};
 use crate::RegistrarConfig;
 use rserpool_handlespace::AssociationId;
 use rserpool_transport::multicast::{Interface, MulticastConfig, MulticastSocket};
@@ -40,6 +41,9 @@ pub struct DriverConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Transport settings beyond the above (limits, SCTP timers, TCP keep-alives).
     pub endpoint: EndpointConfig,
+    /// Most answers held for one association while the transport has no room for them; past
+    /// it new answers to that association are dropped (and counted).
+    pub max_held_answers: usize,
 }
 
 impl DriverConfig {
@@ -54,6 +58,7 @@ impl DriverConfig {
             announce_ttl: 30,
             metrics_listen: None,
             endpoint: EndpointConfig::new(TransportChoice::Auto),
+            max_held_answers: 1024,
         }
     }
 }
@@ -182,28 +187,34 @@ pub async fn run(
         metrics: shared_metrics.clone(),
     });
 
+    let mut outbox = Outbox::new(config.max_held_answers);
     tokio::pin!(shutdown);
     loop {
-        let deadline = core
+        let mut deadline = core
             .poll_timeout()
             .map(|d| epoch + d)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        if !outbox.is_empty() {
+            deadline = deadline.min(Instant::now() + outbox::RETRY);
+        }
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
             event = endpoint.next_event() => {
                 let Some(event) = event else { break };
-                on_transport_event(&mut core, now(), event);
+                on_transport_event(&mut core, &mut outbox, now(), event);
                 // Take what else is queued before answering: one flush per batch.
                 for _ in 0..MAX_BATCH {
                     let Some(event) = endpoint.try_next_event() else { break };
-                    on_transport_event(&mut core, now(), event);
+                    on_transport_event(&mut core, &mut outbox, now(), event);
                 }
             }
         }
-        flush(&mut core, &handle, announce_socket.as_ref()).await;
+        flush(&mut core, &mut outbox, &handle, announce_socket.as_ref()).await;
         if let Ok(mut shared) = shared_metrics.lock() {
             shared.clone_from(core.metrics());
+            shared.held_answers = outbox.held() as u64;
+            shared.dropped_answers = outbox.dropped();
         }
     }
     tracing::info!(registrar = %core.id(), "registrar shutting down");
@@ -211,7 +222,7 @@ pub async fn run(
     Ok(())
 }
 
-fn on_transport_event(core: &mut Registrar, now: Duration, event: Event) {
+fn on_transport_event(core: &mut Registrar, outbox: &mut Outbox, now: Duration, event: Event) {
     match event {
         Event::AssociationUp {
             id,
@@ -242,6 +253,7 @@ fn on_transport_event(core: &mut Registrar, now: Duration, event: Event) {
         }
         Event::AssociationDown { id, reason } => {
             tracing::debug!(association = id.0, %reason, "association down");
+            outbox.forget(AssociationId(id.0));
             core.association_down(now, AssociationId(id.0));
         }
         Event::PeerAddressChange { id, addr, state } => {
@@ -254,20 +266,15 @@ fn on_transport_event(core: &mut Registrar, now: Duration, event: Event) {
     }
 }
 
-async fn flush(core: &mut Registrar, handle: &EndpointHandle, announce: Option<&MulticastSocket>) {
+async fn flush(
+    core: &mut Registrar,
+    outbox: &mut Outbox,
+    handle: &EndpointHandle,
+    announce: Option<&MulticastSocket>,
+) {
     while let Some(t) = core.poll_transmit() {
         match t.destination {
-            Destination::Association(a) => {
-                let id = rserpool_transport::AssociationId(a.0);
-                match handle.try_send(id, t.ppid, 0, t.bytes).await {
-                    Ok(()) => {}
-                    // The peer left before its answer: normal, and its removal is logged.
-                    Err(e @ rserpool_transport::SendError::UnknownAssociation(_)) => {
-                        tracing::debug!(association = a.0, error = %e, "cannot send")
-                    }
-                    Err(e) => tracing::warn!(association = a.0, error = %e, "cannot send"),
-                }
-            }
+            Destination::Association(a) => outbox.push(a, t.ppid, t.bytes),
             Destination::Announce => {
                 if let Some(s) = announce {
                     if let Err(e) = s.send(&t.bytes).await {
@@ -277,6 +284,7 @@ async fn flush(core: &mut Registrar, handle: &EndpointHandle, announce: Option<&
             }
         }
     }
+    outbox.send(handle).await;
     while let Some(e) = core.poll_event() {
         log_event(handle, &e).await;
     }

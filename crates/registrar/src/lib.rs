@@ -8,6 +8,7 @@ mod core;
 pub mod driver;
 mod http;
 mod metrics;
+mod outbox;
 mod rate;
 
 pub use crate::config::{AddressScope, AnnounceConfig, Profile, RateLimit, RegistrarConfig};

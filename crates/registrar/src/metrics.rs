@@ -106,6 +106,10 @@ pub struct Metrics {
     pub associations: u64,
     /// ASAP_SERVER_ANNOUNCEs sent.
     pub announces_sent: u64,
+    /// Answers waiting for room in the transport now (kept by the driver).
+    pub held_answers: u64,
+    /// Answers dropped because an association had too many waiting (kept by the driver).
+    pub dropped_answers: u64,
 }
 
 impl Metrics {
@@ -205,6 +209,11 @@ impl Metrics {
             "ASAP_SERVER_ANNOUNCEs sent.",
             self.announces_sent,
         );
+        counter(
+            "dropped_answers_total",
+            "Answers dropped because too many waited for room in the transport.",
+            self.dropped_answers,
+        );
         let _ = writeln!(
             out,
             "# HELP rserpool_registrar_registration_rejects_total Registrations refused, by error cause."
@@ -260,6 +269,11 @@ impl Metrics {
                 self.pool_elements,
             ),
             ("associations", "Associations now open.", self.associations),
+            (
+                "held_answers",
+                "Answers waiting for room in the transport.",
+                self.held_answers,
+            ),
         ] {
             let _ = writeln!(out, "# HELP rserpool_registrar_{name} {help}");
             let _ = writeln!(out, "# TYPE rserpool_registrar_{name} gauge");

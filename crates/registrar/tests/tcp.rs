@@ -183,6 +183,55 @@ async fn register_resolve_deregister_over_the_tcp_mapping() {
     );
 }
 
+/// Sends `n` handle resolutions at once and counts the answers that arrive.
+async fn burst_of_resolutions(r: &Running, n: usize) -> usize {
+    let mut pe_client = Client::connect(r.asap_addrs[0]).await;
+    pe_client.send(&registration("BurstPool", pe(1))).await;
+    assert!(matches!(
+        pe_client.answer().await,
+        AsapMessage::RegistrationResponse(_)
+    ));
+    let mut pu = Client::connect(r.asap_addrs[0]).await;
+    for _ in 0..n {
+        pu.send(&resolution("BurstPool")).await;
+    }
+    let mut answers = 0;
+    while let Some(m) = pu.recv(Duration::from_secs(2)).await {
+        assert!(
+            matches!(&m, AsapMessage::HandleResolutionResponse(h) if h.pool_elements.len() == 1),
+            "{m:?}"
+        );
+        answers += 1;
+    }
+    answers
+}
+
+#[tokio::test]
+async fn answers_wait_for_room_in_the_transport_instead_of_being_dropped() {
+    // A send queue of one message: a burst of answers finds it full at once.
+    let (r, _stop) = start_registrar(|c| c.endpoint.limits.send_queue = 1).await;
+    assert_eq!(burst_of_resolutions(&r, 200).await, 200);
+    let m = r.metrics.lock().unwrap().clone();
+    assert_eq!(
+        (m.resolutions, m.held_answers, m.dropped_answers),
+        (200, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn answers_past_the_held_limit_are_dropped_and_counted() {
+    let (r, _stop) = start_registrar(|c| {
+        c.endpoint.limits.send_queue = 1;
+        c.max_held_answers = 1;
+    })
+    .await;
+    let answered = burst_of_resolutions(&r, 200).await;
+    let m = r.metrics.lock().unwrap().clone();
+    assert_eq!(m.resolutions, 200);
+    assert!(m.dropped_answers > 0, "{m:?}");
+    assert_eq!(answered as u64 + m.dropped_answers, 200);
+}
+
 #[tokio::test]
 async fn silent_pe_is_removed_after_the_keep_alive_timeout_and_lost_association_at_once() {
     let (r, _stop) = start_registrar(|c| {

@@ -398,6 +398,7 @@ impl Shared {
         stream: u16,
         data: Bytes,
         wait: bool,
+        more: bool,
     ) -> Result<(), SendError> {
         self.check_size(data.len())?;
         let (backend, kind, streams) = self.lookup(id)?;
@@ -417,6 +418,7 @@ impl Shared {
                     stream,
                     &data,
                     wait,
+                    more,
                     &self.config.limits,
                 )
                 .await?
@@ -617,7 +619,9 @@ impl EndpointHandle {
         stream: u16,
         data: impl Into<Bytes>,
     ) -> Result<(), SendError> {
-        self.shared.send(id, ppid, stream, data.into(), true).await
+        self.shared
+            .send(id, ppid, stream, data.into(), true, false)
+            .await
     }
 
     /// Like [`send`](Self::send), but fails with [`SendError::QueueFull`] instead of waiting.
@@ -629,7 +633,25 @@ impl EndpointHandle {
         stream: u16,
         data: impl Into<Bytes>,
     ) -> Result<(), SendError> {
-        self.shared.send(id, ppid, stream, data.into(), false).await
+        self.shared
+            .send(id, ppid, stream, data.into(), false, false)
+            .await
+    }
+
+    /// Like [`try_send`](Self::try_send), with a hint that another message for the same
+    /// association follows at once: SCTP holds this one (`MSG_MORE`) to bundle them into one
+    /// packet, flushed by the next send without the hint. The caller must end every run of hinted
+    /// sends with an unhinted one; the TCP mapping ignores the hint.
+    pub async fn try_send_more(
+        &self,
+        id: AssociationId,
+        ppid: u32,
+        stream: u16,
+        data: impl Into<Bytes>,
+    ) -> Result<(), SendError> {
+        self.shared
+            .send(id, ppid, stream, data.into(), false, true)
+            .await
     }
 
     /// Closes an association gracefully: messages already accepted are sent first. Its

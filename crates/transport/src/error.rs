@@ -70,9 +70,15 @@ pub enum SendError {
         limit: usize,
     },
     /// The association's send queue (TCP) or the kernel's send buffer (SCTP) is full;
-    /// [`Endpoint::try_send`](crate::EndpointHandle::try_send) only.
-    #[error("send queue of association {0} is full")]
-    QueueFull(AssociationId),
+    /// [`try_send`](crate::EndpointHandle::try_send) only. Gives the message back, so that
+    /// the caller can hold it and try again.
+    #[error("send queue of association {id} is full")]
+    QueueFull {
+        /// The association.
+        id: AssociationId,
+        /// The message not sent.
+        data: bytes::Bytes,
+    },
     /// No room appeared within [`Limits::send_timeout`](crate::Limits).
     #[error("send to association {0} timed out")]
     Timeout(AssociationId),

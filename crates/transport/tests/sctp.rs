@@ -130,6 +130,13 @@ async fn ppid_stream_and_order_v6() {
 }
 
 #[tokio::test]
+async fn hinted_sends_are_held_then_bundled_in_order() {
+    if sctp() {
+        common::hinted_sends_arrive_in_order(SCTP, addr("127.0.0.1:0"), true).await;
+    }
+}
+
+#[tokio::test]
 async fn large_messages_64k() {
     if sctp() {
         large_messages(SCTP, addr("127.0.0.1:0")).await;

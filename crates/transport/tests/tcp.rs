@@ -25,6 +25,11 @@ async fn ppid_stream_and_order_v6() {
 }
 
 #[tokio::test]
+async fn hinted_sends_arrive_in_order() {
+    common::hinted_sends_arrive_in_order(TCP, addr("127.0.0.1:0"), false).await;
+}
+
+#[tokio::test]
 async fn large_messages_64k() {
     large_messages(TCP, addr("127.0.0.1:0")).await;
 }

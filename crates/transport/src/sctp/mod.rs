@@ -56,7 +56,8 @@ mod other {
             _: i32,
             _: u32,
             _: u16,
-            _: &[u8],
+            _: &bytes::Bytes,
+            _: bool,
             _: bool,
             _: &Limits,
         ) -> Result<(), SendError> {
@@ -292,8 +293,9 @@ mod linux {
             kid: i32,
             ppid: u32,
             stream: u16,
-            data: &[u8],
+            data: &Bytes,
             wait: bool,
+            more: bool,
             limits: &Limits,
         ) -> Result<(), SendError> {
             let map_err = |e: io::Error| match e.raw_os_error() {
@@ -306,11 +308,14 @@ mod linux {
                 },
                 _ => SendError::Io(e),
             };
-            match sys::send(self.raw(), kid, ppid, stream, 0, data) {
+            match sys::send(self.raw(), kid, ppid, stream, 0, data, more) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if !wait {
-                        return Err(SendError::QueueFull(id));
+                        return Err(SendError::QueueFull {
+                            id,
+                            data: data.clone(),
+                        });
                     }
                 }
                 Err(e) => return Err(map_err(e)),
@@ -323,13 +328,13 @@ mod linux {
                 let attempt = tokio::time::timeout(
                     Duration::from_millis(5),
                     self.fd.async_io(Interest::WRITABLE, |fd| {
-                        sys::send(fd.as_raw_fd(), kid, ppid, stream, 0, data)
+                        sys::send(fd.as_raw_fd(), kid, ppid, stream, 0, data, more)
                     }),
                 );
                 match tokio::time::timeout_at(deadline, attempt).await {
                     Ok(Ok(Ok(_))) => return Ok(()),
                     Ok(Ok(Err(e))) => return Err(map_err(e)),
-                    Ok(Err(_)) => match sys::send(self.raw(), kid, ppid, stream, 0, data) {
+                    Ok(Err(_)) => match sys::send(self.raw(), kid, ppid, stream, 0, data, more) {
                         Ok(_) => return Ok(()),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(map_err(e)),
@@ -346,7 +351,7 @@ mod linux {
             } else {
                 sys::SCTP_EOF
             };
-            match sys::send(self.raw(), kid, 0, 0, flags, &[]) {
+            match sys::send(self.raw(), kid, 0, 0, flags, &[], false) {
                 Ok(_) => Ok(()),
                 Err(e) => Err(TransportError::io(
                     if abort { "SCTP abort" } else { "SCTP shutdown" },

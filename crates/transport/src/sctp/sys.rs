@@ -404,6 +404,7 @@ pub fn send(
     stream: u16,
     flags: u16,
     data: &[u8],
+    more: bool,
 ) -> io::Result<usize> {
     // struct sctp_sndinfo { u16 sid; u16 flags; u32 ppid; u32 context; sctp_assoc_t assoc_id; }
     let mut info = [0u8; SIZEOF_SNDINFO];
@@ -435,10 +436,11 @@ pub fn send(
         (*c).cmsg_type = SCTP_SNDINFO;
         (*c).cmsg_len = libc::CMSG_LEN(SIZEOF_SNDINFO as u32) as _;
         std::ptr::copy_nonoverlapping(info.as_ptr(), libc::CMSG_DATA(c), SIZEOF_SNDINFO);
+        let more = if more { libc::MSG_MORE } else { 0 };
         cvt_size(libc::sendmsg(
             fd,
             &msg,
-            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | more,
         ))
     }
 }

@@ -72,7 +72,13 @@ impl ConnHandle {
             }
         } else {
             self.tx.try_send(cmd).map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => SendError::QueueFull(id),
+                mpsc::error::TrySendError::Full(Cmd::Data { data, .. }) => {
+                    SendError::QueueFull { id, data }
+                }
+                mpsc::error::TrySendError::Full(Cmd::Close) => SendError::QueueFull {
+                    id,
+                    data: Bytes::new(),
+                },
                 mpsc::error::TrySendError::Closed(_) => SendError::UnknownAssociation(id),
             })
         }

@@ -337,3 +337,26 @@ pub async fn many_associations(choice: TransportChoice, listen: SocketAddr, n: u
     assert_eq!(s.associations().len(), n);
     drop(keep);
 }
+
+/// Messages sent with the "more follows" hint arrive, in order, once a send without it ends the
+/// run. `held` (SCTP): until then the hinted ones are held back to go in one packet.
+pub async fn hinted_sends_arrive_in_order(choice: TransportChoice, listen: SocketAddr, held: bool) {
+    let (mut s, c, _, cid) = pair(choice, &[listen]).await;
+    let h = c.handle();
+    for i in 0..40u32 {
+        h.try_send_more(cid, 11, 0, i.to_be_bytes().to_vec())
+            .await
+            .expect("hinted send");
+    }
+    if held {
+        let early = tokio::time::timeout(Duration::from_millis(300), s.next_event()).await;
+        assert!(early.is_err(), "hinted messages were not held: {early:?}");
+    }
+    h.try_send(cid, 11, 0, 40u32.to_be_bytes().to_vec())
+        .await
+        .expect("last send");
+    for i in 0..=40u32 {
+        let (_, ppid, _, data) = expect_message(&mut s).await;
+        assert_eq!((ppid, &data[..]), (11, &i.to_be_bytes()[..]));
+    }
+}

@@ -1,0 +1,114 @@
+//! The driver's outgoing messages per association: sent in order, an association's messages of
+//! one turn bundled into as few SCTP packets as the kernel allows, and held back (up to a limit)
+//! while the transport has no room instead of being dropped.
+
+use bytes::Bytes;
+use rserpool_handlespace::AssociationId;
+use rserpool_transport::{EndpointHandle, SendError};
+use std::collections::{HashMap, VecDeque};
+
+/// How often held messages are retried while the transport has no room for them.
+pub(crate) const RETRY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Messages waiting to be handed to the transport, per association.
+#[derive(Debug)]
+pub(crate) struct Outbox {
+    queues: HashMap<AssociationId, VecDeque<(u32, Bytes)>>,
+    /// Most messages held for one association; past it new messages are dropped.
+    limit: usize,
+    held: usize,
+    dropped: u64,
+}
+
+impl Outbox {
+    pub(crate) fn new(limit: usize) -> Self {
+        Outbox {
+            queues: HashMap::new(),
+            limit: limit.max(1),
+            held: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Queues a message behind the association's earlier ones.
+    pub(crate) fn push(&mut self, to: AssociationId, ppid: u32, bytes: Vec<u8>) {
+        let bytes = Bytes::from(bytes);
+        let q = self.queues.entry(to).or_default();
+        if q.len() >= self.limit {
+            self.dropped += 1;
+            tracing::warn!(
+                association = to.0,
+                limit = self.limit,
+                "answer dropped: the association's queue of answers the transport has no room for is full"
+            );
+            return;
+        }
+        q.push_back((ppid, bytes));
+        self.held += 1;
+    }
+
+    /// Hands every queued message to the transport, association by association, in order. All
+    /// but an association's last message go with the hint that more follow (SCTP `MSG_MORE`),
+    /// so the last one sends them together. An association whose transport is full keeps the
+    /// rest for the next call; one that is gone loses its queue.
+    pub(crate) async fn send(&mut self, handle: &EndpointHandle) {
+        let mut emptied = Vec::new();
+        for (&a, q) in self.queues.iter_mut() {
+            let id = rserpool_transport::AssociationId(a.0);
+            while let Some((ppid, bytes)) = q.pop_front() {
+                let sent = if q.is_empty() {
+                    handle.try_send(id, ppid, 0, bytes).await
+                } else {
+                    handle.try_send_more(id, ppid, 0, bytes).await
+                };
+                match sent {
+                    Ok(()) => self.held -= 1,
+                    Err(SendError::QueueFull { data, .. }) => {
+                        // Held for the next call; messages sent before it with the hint are
+                        // flushed when the last one goes.
+                        q.push_front((ppid, data));
+                        break;
+                    }
+                    // The peer left before its answer: normal, and its removal is logged.
+                    Err(e @ SendError::UnknownAssociation(_)) => {
+                        tracing::debug!(association = a.0, error = %e, "cannot send");
+                        self.held -= q.len() + 1;
+                        q.clear();
+                    }
+                    Err(e) => {
+                        self.held -= 1;
+                        tracing::warn!(association = a.0, error = %e, "cannot send");
+                    }
+                }
+            }
+            if q.is_empty() {
+                emptied.push(a);
+            }
+        }
+        for a in emptied {
+            self.queues.remove(&a);
+        }
+    }
+
+    /// Forgets the messages of an association that went down.
+    pub(crate) fn forget(&mut self, a: AssociationId) {
+        if let Some(q) = self.queues.remove(&a) {
+            self.held -= q.len();
+        }
+    }
+
+    /// Whether messages wait for room.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held == 0
+    }
+
+    /// Messages waiting for room now.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Messages dropped so far because an association's queue was full.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
