@@ -53,15 +53,31 @@ pub struct BenchArgs {
     registrar_pid: Option<u32>,
 }
 
-/// CPU time (user + system) a process has used, from /proc (Linux; USER_HZ is 100).
-fn cpu_time(pid: u32) -> Option<Duration> {
+/// CPU time a process has used, in user space and in the kernel.
+#[derive(Debug, Clone, Copy)]
+struct CpuTime {
+    user: Duration,
+    system: Duration,
+}
+
+impl CpuTime {
+    fn total(&self) -> Duration {
+        self.user + self.system
+    }
+}
+
+/// CPU time a process has used, from /proc (Linux; USER_HZ is 100).
+fn cpu_time(pid: u32) -> Option<CpuTime> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which is in parentheses and may hold spaces).
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 10))
+    Some(CpuTime {
+        user: Duration::from_millis(utime * 10),
+        system: Duration::from_millis(stime * 10),
+    })
 }
 
 struct Conn {
@@ -199,7 +215,7 @@ async fn drive(
 async fn measure(
     args: &Arc<BenchArgs>,
     workload: Workload,
-) -> Result<(f64, u64, Option<(Duration, u64)>)> {
+) -> Result<(f64, u64, Option<(CpuTime, u64)>)> {
     let done = Arc::new(AtomicU64::new(0));
     let bad = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -228,7 +244,13 @@ async fn measure(
         t.await??;
     }
     let cpu = match (cpu0, cpu1) {
-        (Some(a), Some(b)) => Some((b.saturating_sub(a), end_n - start_n)),
+        (Some(a), Some(b)) => Some((
+            CpuTime {
+                user: b.user.saturating_sub(a.user),
+                system: b.system.saturating_sub(a.system),
+            },
+            end_n - start_n,
+        )),
         _ => None,
     };
     Ok((
@@ -311,13 +333,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "{name}: {rate:.0}/s ({} associations × {} outstanding, {:.1} s; {bad} unexpected answers)",
                 args.associations, args.window, args.seconds
             );
-            if let Some((used, n)) = cpu {
+            if let Some((cpu, n)) = cpu {
+                let used = cpu.total();
                 let per_cpu_second = n as f64 / used.as_secs_f64().max(0.01);
                 println!(
-                    "{name} per registrar CPU-second: {per_cpu_second:.0} (registrar used {:.2} s of CPU in {:.1} s, {:.0}% of a core)",
+                    "{name} per registrar CPU-second: {per_cpu_second:.0} (registrar used {:.2} s of CPU in {:.1} s, {:.0}% of a core; {:.0}% of it in the kernel)",
                     used.as_secs_f64(),
                     args.seconds,
-                    100.0 * used.as_secs_f64() / args.seconds
+                    100.0 * used.as_secs_f64() / args.seconds,
+                    100.0 * cpu.system.as_secs_f64() / used.as_secs_f64().max(0.01)
                 );
             }
         }

@@ -705,41 +705,47 @@ impl Registrar {
             .handlespace
             .select_into(&h.pool_handle, items, &mut self.rng, &mut selection)
             .is_ok();
-        let response = if found {
+        if found {
             self.metrics.resolutions += 1;
             self.metrics.resolved_pool_elements += selection.elements.len() as u64;
-            let pool_elements: Vec<PoolElement> = selection
+            let pool_elements = selection
                 .elements
                 .iter()
                 .filter_map(|s| self.handlespace.get(s.entry))
-                .map(|e| PoolElement {
-                    asap_transport: None,
-                    ..e.element().clone()
-                })
-                .collect();
+                .map(|e| e.element());
             // The pool's policy, carried with the first selected PE's values as RSPLIB does.
-            let overall_policy = pool_elements.first().map(|pe| pe.policy.clone());
-            asap::HandleResolutionResponse {
-                accepted: false,
-                pool_handle: h.pool_handle.clone(),
-                overall_policy,
-                pool_elements,
-                error: None,
+            let overall_policy = pool_elements.clone().next().map(|pe| &pe.policy);
+            // Encoded from the handlespace's entries, without copying them.
+            let mut bytes = Vec::with_capacity(256);
+            if self
+                .codec
+                .encode_handle_resolution_response(
+                    &h.pool_handle,
+                    overall_policy,
+                    pool_elements,
+                    &mut bytes,
+                )
+                .is_ok()
+            {
+                self.transmits.push_back(Transmit {
+                    destination: Destination::Association(association),
+                    ppid: Protocol::Asap.ppid(),
+                    bytes,
+                });
             }
         } else {
             self.metrics.resolutions_unknown_pool += 1;
-            asap::HandleResolutionResponse {
-                accepted: false,
-                pool_handle: h.pool_handle.clone(),
-                overall_policy: None,
-                pool_elements: Vec::new(),
-                error: Some(OperationError::new(CauseCode::UnknownPoolHandle)),
-            }
-        };
-        self.send(
-            association,
-            &AsapMessage::HandleResolutionResponse(response),
-        );
+            self.send(
+                association,
+                &AsapMessage::HandleResolutionResponse(asap::HandleResolutionResponse {
+                    accepted: false,
+                    pool_handle: h.pool_handle.clone(),
+                    overall_policy: None,
+                    pool_elements: Vec::new(),
+                    error: Some(OperationError::new(CauseCode::UnknownPoolHandle)),
+                }),
+            );
+        }
         self.events.push_back(RegistrarEvent::HandleResolution {
             association,
             pool_handle: h.pool_handle,

@@ -189,6 +189,9 @@ pub async fn run(
 
     let mut outbox = Outbox::new(config.max_held_answers);
     tokio::pin!(shutdown);
+    // One timer, moved only when the deadline changes.
+    let sleep = tokio::time::sleep_until(Instant::now() + Duration::from_secs(3600));
+    tokio::pin!(sleep);
     loop {
         let mut deadline = core
             .poll_timeout()
@@ -197,16 +200,21 @@ pub async fn run(
         if !outbox.is_empty() {
             deadline = deadline.min(Instant::now() + outbox::RETRY);
         }
+        if sleep.deadline() != deadline {
+            sleep.as_mut().reset(deadline);
+        }
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
+            _ = &mut sleep => core.handle_timeout(now()),
             event = endpoint.next_event() => {
                 let Some(event) = event else { break };
-                on_transport_event(&mut core, &mut outbox, now(), event);
+                // One reading of the clock for the batch: its events are microseconds apart.
+                let t = now();
+                on_transport_event(&mut core, &mut outbox, t, event);
                 // Take what else is queued before answering: one flush per batch.
                 for _ in 0..MAX_BATCH {
                     let Some(event) = endpoint.try_next_event() else { break };
-                    on_transport_event(&mut core, &mut outbox, now(), event);
+                    on_transport_event(&mut core, &mut outbox, t, event);
                 }
             }
         }

@@ -153,6 +153,38 @@ pub struct HandleResolutionResponse {
     pub error: Option<OperationError>,
 }
 
+impl crate::Codec {
+    /// Appends an ASAP_HANDLE_RESOLUTION_RESPONSE (RFC 5352 §2.2.6) for PEs borrowed from where
+    /// they are kept (a registrar's handlespace), each without its ASAP transport parameter: the
+    /// bytes of a [`HandleResolutionResponse`] holding those PEs with `asap_transport: None`,
+    /// without copying them. On error `buf` is left as it was.
+    pub fn encode_handle_resolution_response<'a>(
+        &self,
+        pool_handle: &PoolHandle,
+        overall_policy: Option<&PoolPolicy>,
+        pool_elements: impl IntoIterator<Item = &'a PoolElement>,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), EncodeError> {
+        let config = self.config();
+        write_message(
+            buf,
+            config,
+            AsapMessageType::HandleResolutionResponse as u8,
+            0,
+            |w| {
+                encode_pool_handle(w, pool_handle)?;
+                if let Some(policy) = overall_policy {
+                    policy.encode(w)?;
+                }
+                for pe in pool_elements {
+                    pe.encode_parts(w, config, false)?;
+                }
+                Ok(())
+            },
+        )
+    }
+}
+
 /// ASAP_ENDPOINT_KEEP_ALIVE (RFC 5352 §2.2.7): a registrar checks on a PE.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EndpointKeepAlive {

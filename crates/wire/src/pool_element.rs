@@ -119,6 +119,16 @@ impl PoolElement {
         w: &mut Writer<'_>,
         config: &crate::CodecConfig,
     ) -> Result<(), EncodeError> {
+        self.encode_parts(w, config, true)
+    }
+
+    /// The parameter, with or without the ASAP transport (which a PU has no use for).
+    pub(crate) fn encode_parts(
+        &self,
+        w: &mut Writer<'_>,
+        config: &crate::CodecConfig,
+        with_asap_transport: bool,
+    ) -> Result<(), EncodeError> {
         let mark = w.begin_tlv(ParameterType::POOL_ELEMENT);
         w.u32(self.id.0);
         w.u32(self.home_registrar.0);
@@ -129,7 +139,7 @@ impl PoolElement {
         w.u32(life as u32);
         self.user_transport.encode(w)?;
         self.policy.encode(w)?;
-        if let Some(t) = &self.asap_transport {
+        if let Some(t) = self.asap_transport.as_ref().filter(|_| with_asap_transport) {
             t.encode(w)?;
         }
         w.end_tlv(mark)

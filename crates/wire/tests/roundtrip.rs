@@ -2,7 +2,9 @@
 //! decode → encode byte for byte, and no input, however damaged, makes the decoder panic.
 
 use proptest::prelude::*;
-use rserpool_wire::arbitrary::{asap_message, enrp_message, parameter};
+use rserpool_wire::arbitrary::{
+    asap_message, enrp_message, parameter, policy, pool_element, pool_handle,
+};
 use rserpool_wire::{AsapMessage, Codec, CodecConfig, EnrpMessage, LifeUnit, Message, Protocol};
 
 fn roundtrip<M: Message>(codec: &Codec, m: &M) -> Result<(), TestCaseError> {
@@ -44,6 +46,33 @@ proptest! {
     #[test]
     fn asap_roundtrip_ms(m in asap_message(LifeUnit::Milliseconds)) {
         roundtrip(&Codec::default(), &m)?;
+    }
+
+    /// The borrowed encoding of a handle resolution response is the owned one's, byte for byte,
+    /// with every PE's ASAP transport left out.
+    #[test]
+    fn borrowed_handle_resolution_response_matches(
+        handle in pool_handle(),
+        overall in proptest::option::of(policy()),
+        pes in proptest::collection::vec(pool_element(LifeUnit::Milliseconds), 0..6),
+    ) {
+        let codec = Codec::default();
+        let mut borrowed = vec![0xee];
+        codec
+            .encode_handle_resolution_response(&handle, overall.as_ref(), &pes, &mut borrowed)
+            .unwrap();
+        let owned = AsapMessage::HandleResolutionResponse(rserpool_wire::asap::HandleResolutionResponse {
+            accepted: false,
+            pool_handle: handle,
+            overall_policy: overall,
+            pool_elements: pes
+                .into_iter()
+                .map(|pe| rserpool_wire::PoolElement { asap_transport: None, ..pe })
+                .collect(),
+            error: None,
+        });
+        prop_assert_eq!(&borrowed[1..], &codec.encode(&owned).unwrap()[..]);
+        prop_assert_eq!(borrowed[0], 0xee, "appends");
     }
 
     #[test]

@@ -378,9 +378,12 @@ mod linux {
         peer_shutdown: std::collections::HashSet<i32>,
     }
 
+    /// Messages taken from the socket with one system call.
+    const RECV_BATCH: usize = 16;
+
     async fn reader(shared: Arc<Shared>, sock: Arc<SctpSocket>) {
-        let size = shared.config.limits.max_message_size.max(64 * 1024) + 1024;
-        let mut buf = vec![0u8; size];
+        let slot = shared.config.limits.max_message_size.max(64 * 1024) + 1024;
+        let mut batch = sys::RecvBatch::new(RECV_BATCH, slot);
         let mut r = Reader {
             shared,
             sock: sock.clone(),
@@ -390,21 +393,23 @@ mod linux {
         loop {
             let got = sock
                 .fd
-                .async_io(Interest::READABLE, |fd| sys::recv(fd.as_raw_fd(), &mut buf))
+                .async_io(Interest::READABLE, |fd| batch.recv(fd.as_raw_fd()))
                 .await;
             match got {
-                Ok(m) => {
-                    let bytes = &buf[..m.len];
-                    if m.notification {
-                        if let Some(n) = sys::parse_notification(bytes) {
-                            r.notification(n).await;
+                Ok(n) => {
+                    for i in 0..n {
+                        let (m, bytes) = batch.message(i);
+                        if m.notification {
+                            if let Some(n) = sys::parse_notification(bytes) {
+                                r.notification(n).await;
+                            }
+                        } else if let Some((kid, stream, ppid)) = m.info {
+                            r.data(kid, stream, ppid, bytes, m.end_of_record).await;
                         }
-                    } else if let Some((kid, stream, ppid)) = m.info {
-                        r.data(kid, stream, ppid, bytes, m.end_of_record).await;
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "SCTP recvmsg failed");
+                    tracing::warn!(error = %e, "SCTP recvmmsg failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }

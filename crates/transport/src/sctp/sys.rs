@@ -458,28 +458,99 @@ pub struct Received {
     pub info: Option<(i32, u16, u32)>,
 }
 
-/// Non-blocking `recvmsg` into `buf`.
-pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Received> {
-    let mut cbuf = CmsgBuf([0u8; 64]);
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.0.as_mut_ptr().cast();
-    msg.msg_controllen = cbuf.0.len() as _;
-    // SAFETY: the iovec points at `buf` (writable, `buf.len()` bytes) and msg_control at
-    // `cbuf`; both outlive the call and the kernel writes within the given lengths.
-    let len = cvt_size(unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) })?;
+/// Buffers for receiving several messages with one `recvmmsg`: up to `slots` messages (or
+/// notifications) of up to `slot_size` bytes each; longer ones arrive in pieces, the last with
+/// `end_of_record`.
+pub struct RecvBatch {
+    slot_size: usize,
+    data: Vec<u8>,
+    cmsgs: Vec<CmsgBuf>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    got: Vec<Received>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` only ever point into the batch's own buffers and
+// are rebuilt before each use; nothing is shared.
+unsafe impl Send for RecvBatch {}
+
+impl RecvBatch {
+    /// Room for `slots` (at least 1) messages of `slot_size` (at least 1) bytes.
+    pub fn new(slots: usize, slot_size: usize) -> Self {
+        let (slots, slot_size) = (slots.max(1), slot_size.max(1));
+        RecvBatch {
+            slot_size,
+            data: vec![0u8; slots * slot_size],
+            cmsgs: (0..slots).map(|_| CmsgBuf([0u8; 64])).collect(),
+            iovs: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                slots
+            ],
+            // SAFETY: mmsghdr is plain data; zeroed is a valid empty header.
+            hdrs: (0..slots).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            got: Vec::with_capacity(slots),
+        }
+    }
+
+    /// Non-blocking `recvmmsg`: receives what is queued, up to the batch's size; returns how
+    /// many messages arrived (`WouldBlock` when none).
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        let slots = self.hdrs.len();
+        for i in 0..slots {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.data[i * self.slot_size..].as_mut_ptr().cast(),
+                iov_len: self.slot_size,
+            };
+            // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+            let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+            m.msg_iov = &mut self.iovs[i];
+            m.msg_iovlen = 1;
+            m.msg_control = self.cmsgs[i].0.as_mut_ptr().cast();
+            m.msg_controllen = self.cmsgs[i].0.len() as _;
+            self.hdrs[i] = libc::mmsghdr {
+                msg_hdr: m,
+                msg_len: 0,
+            };
+        }
+        // SAFETY: each header's iovec points at its own `slot_size` bytes of `data` and its
+        // control buffer at its own `CmsgBuf`; all live in `self`, outlive the call, and are
+        // not otherwise borrowed during it. The kernel writes within the given lengths.
+        let n = cvt(unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                slots as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        })? as usize;
+        self.got.clear();
+        for h in &self.hdrs[..n] {
+            self.got
+                .push(parse_received(&h.msg_hdr, h.msg_len as usize));
+        }
+        Ok(n)
+    }
+
+    /// The `i`-th message of the last [`recv`](Self::recv): what arrived and its bytes.
+    pub fn message(&self, i: usize) -> (Received, &[u8]) {
+        let r = self.got[i];
+        let start = i * self.slot_size;
+        (r, &self.data[start..start + r.len.min(self.slot_size)])
+    }
+}
+
+/// What the kernel reported in one received header.
+fn parse_received(msg: &libc::msghdr, len: usize) -> Received {
     let mut info = None;
-    // SAFETY: after recvmsg, msg_control/msg_controllen describe the control data the kernel
-    // wrote into `cbuf`; CMSG_FIRSTHDR/CMSG_NXTHDR stay within it, and the data is copied out
-    // only when cmsg_len covers a whole sctp_rcvinfo.
+    // SAFETY: after the receive, msg_control/msg_controllen describe the control data the kernel
+    // wrote into the header's control buffer; CMSG_FIRSTHDR/CMSG_NXTHDR stay within it, and the
+    // data is copied out only when cmsg_len covers a whole sctp_rcvinfo.
     unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        let mut c = libc::CMSG_FIRSTHDR(msg);
         while !c.is_null() {
             if (*c).cmsg_level == SOL_SCTP
                 && (*c).cmsg_type == SCTP_RCVINFO
@@ -494,15 +565,15 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Received> {
                 let assoc = i32::from_ne_bytes([r[24], r[25], r[26], r[27]]);
                 info = Some((assoc, sid, ppid));
             }
-            c = libc::CMSG_NXTHDR(&msg, c);
+            c = libc::CMSG_NXTHDR(msg, c);
         }
     }
-    Ok(Received {
+    Received {
         len,
         notification: msg.msg_flags & MSG_NOTIFICATION != 0,
         end_of_record: msg.msg_flags & libc::MSG_EOR != 0,
         info,
-    })
+    }
 }
 
 /// The local address a socket is bound to (`getsockname`).
