@@ -316,11 +316,12 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
                 .abort(rserpool_transport::AssociationId(association.0))
                 .await;
         }
+        // New PEs at info; re-registrations, which every PE sends every few seconds, at debug.
         RegistrarEvent::Registered {
             pool_handle,
             element,
             association,
-            new,
+            new: true,
             dropped_addresses,
         } => tracing::info!(
             pool = %pool_handle,
@@ -329,8 +330,22 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             user_transport = %element.user_transport,
             policy = %element.policy,
             dropped = ?dropped_addresses,
-            "{}",
-            if *new { "registered" } else { "re-registered" }
+            "registered"
+        ),
+        RegistrarEvent::Registered {
+            pool_handle,
+            element,
+            association,
+            new: false,
+            dropped_addresses,
+        } => tracing::debug!(
+            pool = %pool_handle,
+            pe = %element.id,
+            association = association.0,
+            user_transport = %element.user_transport,
+            policy = %element.policy,
+            dropped = ?dropped_addresses,
+            "re-registered"
         ),
         RegistrarEvent::RegistrationRejected {
             pool_handle,

@@ -425,7 +425,13 @@ mod linux {
                 self.partial.remove(&kid);
                 return;
             };
-            let total = self.partial.get(&kid).map_or(0, |p| p.len()) + bytes.len();
+            // Most messages arrive whole: no lookup of pieces then.
+            let pieces = if self.partial.is_empty() {
+                0
+            } else {
+                self.partial.get(&kid).map_or(0, |p| p.len())
+            };
+            let total = pieces + bytes.len();
             if total > max {
                 self.partial.remove(&kid);
                 tracing::warn!(%id, total, max, "SCTP message over the limit: aborting association");
@@ -448,7 +454,7 @@ mod linux {
                     .or_default()
                     .extend_from_slice(bytes);
                 return;
-            } else if let Some(mut p) = self.partial.remove(&kid) {
+            } else if let Some(mut p) = (pieces > 0).then(|| self.partial.remove(&kid)).flatten() {
                 p.extend_from_slice(bytes);
                 p.freeze()
             } else {
