@@ -463,46 +463,52 @@ impl Registrar {
             pool_element: pe,
         } = r;
         let pe_id = pe.id;
-        let peer = self.associations[&association].peer.clone();
-        let (mut pe, dropped) = match self.check_registration(pe, &peer) {
+        let checked = self.associations.get(&association).ok_or_else(|| {
+            (
+                ErrorCause::new(CauseCode::InvalidValues),
+                "registration over an unknown association".to_string(),
+            )
+        });
+        let checked = checked.and_then(|a| {
+            let peer = &a.peer;
+            let (mut pe, dropped) = self.check_registration(pe, peer)?;
+            // RFC 5352 §3.1: the accepting registrar becomes the home registrar, and records
+            // the association's addresses as the PE's ASAP transport (RFC 5352 §2.2.1).
+            pe.home_registrar = self.id;
+            let asap_addresses: Vec<IpAddr> = peer
+                .addresses
+                .iter()
+                .copied()
+                .filter(|a| AddressScope::of(a) >= self.config.min_address_scope)
+                .collect();
+            if asap_addresses.is_empty() {
+                return Err((
+                    ErrorCause::new(CauseCode::InvalidValues),
+                    format!(
+                        "no address of the association ({:?}) has scope {} or wider",
+                        peer.addresses,
+                        self.config.min_address_scope.name()
+                    ),
+                ));
+            }
+            pe.asap_transport = Some(TransportAddress {
+                protocol: match peer.kind {
+                    AssociationKind::Sctp => TransportProtocol::Sctp,
+                    AssociationKind::Tcp | AssociationKind::PlainTcp => TransportProtocol::Tcp,
+                },
+                port: peer.port,
+                transport_use: TransportUse::DataOnly,
+                addresses: asap_addresses,
+            });
+            Ok((pe, dropped))
+        });
+        let (pe, dropped) = match checked {
             Ok(checked) => checked,
             Err((cause, reason)) => {
                 self.reject_with(association, pool_handle, pe_id, cause, reason);
                 return;
             }
         };
-        // RFC 5352 §3.1: the accepting registrar becomes the home registrar, and records the
-        // association's addresses as the PE's ASAP transport (RFC 5352 §2.2.1).
-        pe.home_registrar = self.id;
-        let asap_addresses: Vec<IpAddr> = peer
-            .addresses
-            .iter()
-            .copied()
-            .filter(|a| AddressScope::of(a) >= self.config.min_address_scope)
-            .collect();
-        if asap_addresses.is_empty() {
-            self.reject_with(
-                association,
-                pool_handle,
-                pe_id,
-                ErrorCause::new(CauseCode::InvalidValues),
-                format!(
-                    "no address of the association ({:?}) has scope {} or wider",
-                    peer.addresses,
-                    self.config.min_address_scope.name()
-                ),
-            );
-            return;
-        }
-        pe.asap_transport = Some(TransportAddress {
-            protocol: match peer.kind {
-                AssociationKind::Sctp => TransportProtocol::Sctp,
-                AssociationKind::Tcp | AssociationKind::PlainTcp => TransportProtocol::Tcp,
-            },
-            port: peer.port,
-            transport_use: TransportUse::DataOnly,
-            addresses: asap_addresses,
-        });
         match self
             .handlespace
             .register(&pool_handle, pe.clone(), Some(association), now)
