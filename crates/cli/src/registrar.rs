@@ -398,7 +398,7 @@ mod tests {
     #[test]
     fn file_values_apply_and_flags_win() {
         let c = with_file(
-            "asap = [\"127.0.0.1:4000\"]\nmax-bad-pe-reports = 7\nidentifier = 305419896\nmax-hr-rate = 50.0\nmin-address-scope = \"loopback\"\nasap-announce = \"off\"\n",
+            "asap = [\"127.0.0.1:4000\"]\nmax-bad-pe-reports = 7\nidentifier = 305419896\nmax-hr-rate = 50.0\nmin-address-scope = \"loopback\"\nasap-announce = \"off\"\nmax-held-answers = 64\n",
             &["--max-bad-pe-reports", "9", "--endpoint-keep-alive-timeout-interval", "1500"],
         )
         .unwrap();
@@ -412,6 +412,7 @@ mod tests {
         assert_eq!(c.core.handle_resolution_rate.map(|r| r.rate), Some(50.0));
         assert_eq!(c.core.min_address_scope, AddressScope::Loopback);
         assert!(c.core.announce.is_none());
+        assert_eq!(c.max_held_answers, 64);
     }
 
     #[test]
@@ -432,6 +433,7 @@ mod tests {
         assert!(
             err(parse(&["--max-message-size", "70000"]).into_config()).contains("max-message-size")
         );
+        assert!(err(parse(&["--max-held-answers", "0"]).into_config()).contains("max-held-answers"));
         assert!(
             err(parse(&["--config", "/nonexistent/registrar.toml"]).into_config())
                 .contains("/nonexistent/registrar.toml")

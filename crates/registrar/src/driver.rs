@@ -337,14 +337,11 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             element,
             association,
             new: false,
-            dropped_addresses,
+            ..
         } => tracing::debug!(
             pool = %pool_handle,
             pe = %element.id,
             association = association.0,
-            user_transport = %element.user_transport,
-            policy = %element.policy,
-            dropped = ?dropped_addresses,
             "re-registered"
         ),
         RegistrarEvent::RegistrationRejected {
