@@ -3,12 +3,15 @@
 //! with a pool of a given size.
 
 use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
 use clap::Args;
-use rserpool_transport::{AssociationId, Endpoint, EndpointConfig, Event, TransportChoice};
-use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_transport::{
+    AssociationId, Endpoint, EndpointConfig, Event, SendError, TransportChoice,
+};
+use rserpool_wire::asap::{self, AsapMessage, AsapMessageType};
 use rserpool_wire::{
-    Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId, RegistrationLife,
-    TransportAddress, TransportUse, UserTransport,
+    Codec, ParameterType, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId,
+    RegistrationLife, TransportAddress, TransportUse, UserTransport,
 };
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -131,7 +134,69 @@ enum Workload {
     Register,
 }
 
+/// What an answer is, for counting.
+enum Answer {
+    /// The answer the workload asked for.
+    Good,
+    /// Anything else (a reject, an error, the wrong type).
+    Bad,
+    /// An ENDPOINT_KEEP_ALIVE: to be acknowledged, not counted.
+    KeepAlive,
+}
+
+/// Whether an ASAP message holds a parameter of the given type, read from the parameter headers
+/// alone (RFC 5354 §2: type, length, padding to 4 bytes).
+fn has_parameter(message: &[u8], wanted: ParameterType) -> bool {
+    let end = message
+        .get(2..4)
+        .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+        .min(message.len());
+    let mut at = 4;
+    while at + 4 <= end {
+        let ptype = u16::from_be_bytes([message[at], message[at + 1]]) & 0x3fff;
+        let len = usize::from(u16::from_be_bytes([message[at + 2], message[at + 3]]));
+        if ptype == wanted.0 {
+            return true;
+        }
+        if len < 4 {
+            return false;
+        }
+        at += (len + 3) & !3;
+    }
+    false
+}
+
+/// Classifies an answer from its header (type, R flag) and parameter types, without decoding
+/// the PEs: the load generator must not be what limits the rate.
+fn classify(workload: Workload, data: &[u8]) -> Answer {
+    match (data.first(), data.get(1)) {
+        (Some(&HANDLE_RESOLUTION_RESPONSE), _) => {
+            if workload == Workload::Resolve && has_parameter(data, ParameterType::POOL_ELEMENT) {
+                Answer::Good
+            } else {
+                Answer::Bad
+            }
+        }
+        (Some(&REGISTRATION_RESPONSE), Some(flags)) => {
+            if workload == Workload::Register && flags & 0x01 == 0 {
+                Answer::Good
+            } else {
+                Answer::Bad
+            }
+        }
+        (Some(&ENDPOINT_KEEP_ALIVE), _) => Answer::KeepAlive,
+        _ => Answer::Bad,
+    }
+}
+
+// ASAP message types (RFC 5352 §2.2).
+const REGISTRATION_RESPONSE: u8 = AsapMessageType::RegistrationResponse as u8;
+const HANDLE_RESOLUTION_RESPONSE: u8 = AsapMessageType::HandleResolutionResponse as u8;
+const ENDPOINT_KEEP_ALIVE: u8 = AsapMessageType::EndpointKeepAlive as u8;
+
 /// Keeps `window` requests outstanding on one association until `stop`; counts good answers.
+/// The answers that arrived together are replaced by new requests sent together (all but the
+/// last with the hint that more follow, so SCTP bundles them), as a busy pool user would.
 async fn drive(
     args: &BenchArgs,
     mut conn: Conn,
@@ -145,13 +210,16 @@ async fn drive(
     let pool = PoolHandle::from(args.pool.as_str());
     let handle = conn.endpoint.handle();
     let mut next = slice.0;
-    let request = |next: &mut u32| -> Vec<u8> {
-        let m = match workload {
-            Workload::Resolve => AsapMessage::HandleResolution(asap::HandleResolution {
-                subscribe: false,
-                pool_handle: pool.clone(),
-                option: None,
-            }),
+    let resolution = Bytes::from(codec.encode(&AsapMessage::HandleResolution(
+        asap::HandleResolution {
+            subscribe: false,
+            pool_handle: pool.clone(),
+            option: None,
+        },
+    ))?);
+    let request = |next: &mut u32| -> Bytes {
+        match workload {
+            Workload::Resolve => resolution.clone(),
             Workload::Register => {
                 let i = *next;
                 *next = if *next + 1 >= slice.1 {
@@ -159,53 +227,76 @@ async fn drive(
                 } else {
                     *next + 1
                 };
-                AsapMessage::Registration(asap::Registration {
+                let m = AsapMessage::Registration(asap::Registration {
                     pool_handle: pool.clone(),
                     pool_element: pe(args, i),
-                })
+                });
+                Bytes::from(codec.encode(&m).expect("valid request"))
             }
-        };
-        codec.encode(&m).expect("valid request")
+        }
     };
     for _ in 0..args.window {
         handle.send(conn.id, 11, 0, request(&mut next)).await?;
     }
     while !stop.load(Ordering::Relaxed) {
-        let ev = tokio::time::timeout(Duration::from_secs(5), conn.endpoint.next_event())
+        let first = tokio::time::timeout(Duration::from_secs(5), conn.endpoint.next_event())
             .await
             .map_err(|_| anyhow!("no answer from the registrar for 5 s"))?;
-        match ev {
-            Some(Event::Message { data, .. }) => {
-                let good = match codec.decode::<AsapMessage>(&data).map(|d| d.message) {
-                    Ok(AsapMessage::HandleResolutionResponse(r)) => {
-                        workload == Workload::Resolve && !r.pool_elements.is_empty()
+        let mut answered = 0usize;
+        let mut event = first;
+        loop {
+            match event {
+                Some(Event::Message { data, .. }) => match classify(workload, &data) {
+                    Answer::Good => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                        answered += 1;
                     }
-                    Ok(AsapMessage::RegistrationResponse(r)) => {
-                        workload == Workload::Register && !r.reject
+                    Answer::Bad => {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                        answered += 1;
                     }
-                    Ok(AsapMessage::EndpointKeepAlive(k)) => {
-                        if let Some(id) = k.pe_id {
-                            let ack =
-                                AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
-                                    pool_handle: k.pool_handle,
-                                    pe_id: id,
-                                });
-                            handle.send(conn.id, 11, 0, codec.encode(&ack)?).await?;
+                    Answer::KeepAlive => {
+                        if let Ok(AsapMessage::EndpointKeepAlive(k)) =
+                            codec.decode::<AsapMessage>(&data).map(|d| d.message)
+                        {
+                            if let Some(id) = k.pe_id {
+                                let ack =
+                                    AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
+                                        pool_handle: k.pool_handle,
+                                        pe_id: id,
+                                    });
+                                handle.send(conn.id, 11, 0, codec.encode(&ack)?).await?;
+                            }
                         }
-                        continue;
                     }
-                    _ => false,
-                };
-                if good {
-                    done.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    bad.fetch_add(1, Ordering::Relaxed);
+                },
+                Some(Event::AssociationDown { reason, .. }) => {
+                    bail!("association lost: {reason}")
                 }
-                handle.send(conn.id, 11, 0, request(&mut next)).await?;
+                Some(_) => {}
+                None => bail!("endpoint closed"),
             }
-            Some(Event::AssociationDown { reason, .. }) => bail!("association lost: {reason}"),
-            Some(_) => {}
-            None => bail!("endpoint closed"),
+            if answered >= args.window {
+                break;
+            }
+            event = conn.endpoint.try_next_event();
+            if event.is_none() {
+                break;
+            }
+        }
+        for i in 0..answered {
+            let r = request(&mut next);
+            let sent = if i + 1 < answered {
+                handle.try_send_more(conn.id, 11, 0, r).await
+            } else {
+                handle.try_send(conn.id, 11, 0, r).await
+            };
+            match sent {
+                Ok(()) => {}
+                // No room: wait for it (this send, unhinted, also ends a hinted run).
+                Err(SendError::QueueFull { data, .. }) => handle.send(conn.id, 11, 0, data).await?,
+                Err(e) => return Err(e.into()),
+            }
         }
     }
     Ok(())
@@ -348,4 +439,95 @@ pub fn run(args: BenchArgs) -> Result<()> {
         drop(setup);
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rserpool_wire::{CauseCode, OperationError};
+
+    fn encoded(m: AsapMessage) -> Vec<u8> {
+        Codec::default().encode(&m).unwrap()
+    }
+
+    fn pe_of(i: u32) -> PoolElement {
+        PoolElement {
+            id: PoolElementId(i),
+            home_registrar: RegistrarId(1),
+            registration_life: RegistrationLife::Finite(Duration::from_secs(60)),
+            user_transport: UserTransport::Address(TransportAddress::sctp(
+                7000,
+                TransportUse::DataPlusControl,
+                vec!["10.0.0.1".parse().unwrap()],
+            )),
+            policy: PoolPolicy::RoundRobin,
+            asap_transport: None,
+        }
+    }
+
+    fn resolution_response(pool_elements: Vec<PoolElement>, error: bool) -> Vec<u8> {
+        encoded(AsapMessage::HandleResolutionResponse(
+            asap::HandleResolutionResponse {
+                accepted: false,
+                pool_handle: PoolHandle::from("P"),
+                overall_policy: Some(PoolPolicy::RoundRobin),
+                pool_elements,
+                error: error.then(|| OperationError::new(CauseCode::UnknownPoolHandle)),
+            },
+        ))
+    }
+
+    fn registration_response(reject: bool) -> Vec<u8> {
+        encoded(AsapMessage::RegistrationResponse(
+            asap::RegistrationResponse {
+                reject,
+                pool_handle: PoolHandle::from("P"),
+                pe_id: PoolElementId(1),
+                error: reject.then(|| OperationError::new(CauseCode::LackOfResources)),
+            },
+        ))
+    }
+
+    #[test]
+    fn answers_are_classified_by_type_flag_and_parameters() {
+        let found = resolution_response(vec![pe_of(1), pe_of(2)], false);
+        assert!(matches!(classify(Workload::Resolve, &found), Answer::Good));
+        assert!(matches!(classify(Workload::Register, &found), Answer::Bad));
+        let unknown = resolution_response(Vec::new(), true);
+        assert!(matches!(classify(Workload::Resolve, &unknown), Answer::Bad));
+        assert!(matches!(
+            classify(Workload::Register, &registration_response(false)),
+            Answer::Good
+        ));
+        assert!(matches!(
+            classify(Workload::Register, &registration_response(true)),
+            Answer::Bad
+        ));
+        let keep_alive = encoded(AsapMessage::EndpointKeepAlive(asap::EndpointKeepAlive {
+            home: false,
+            server_id: RegistrarId(1),
+            pool_handle: PoolHandle::from("P"),
+            pe_id: Some(PoolElementId(1)),
+        }));
+        assert!(matches!(
+            classify(Workload::Resolve, &keep_alive),
+            Answer::KeepAlive
+        ));
+    }
+
+    #[test]
+    fn damaged_answers_are_bad_and_never_panic() {
+        let found = resolution_response(vec![pe_of(1)], false);
+        for cut in 0..found.len() {
+            // Whatever is left, classifying it must not panic.
+            let _ = classify(Workload::Resolve, &found[..cut]);
+        }
+        assert!(matches!(classify(Workload::Resolve, &[]), Answer::Bad));
+        let mut zero_length = found.clone();
+        zero_length[6..8].copy_from_slice(&[0, 0]);
+        assert!(matches!(
+            classify(Workload::Resolve, &zero_length),
+            Answer::Bad
+        ));
+    }
 }
