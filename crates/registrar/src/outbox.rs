@@ -13,7 +13,11 @@ pub(crate) const RETRY: std::time::Duration = std::time::Duration::from_millis(5
 /// Messages waiting to be handed to the transport, per association.
 #[derive(Debug)]
 pub(crate) struct Outbox {
+    /// Per association; kept (empty) until the association goes, so that a busy association
+    /// does not allocate a queue per batch.
     queues: HashMap<AssociationId, VecDeque<(u32, Bytes)>>,
+    /// The associations with messages queued, each once.
+    pending: Vec<AssociationId>,
     /// Most messages held for one association; past it new messages are dropped.
     limit: usize,
     held: usize,
@@ -24,6 +28,7 @@ impl Outbox {
     pub(crate) fn new(limit: usize) -> Self {
         Outbox {
             queues: HashMap::new(),
+            pending: Vec::new(),
             limit: limit.max(1),
             held: 0,
             dropped: 0,
@@ -43,6 +48,9 @@ impl Outbox {
             );
             return;
         }
+        if q.is_empty() {
+            self.pending.push(to);
+        }
         q.push_back((ppid, bytes));
         self.held += 1;
     }
@@ -52,8 +60,12 @@ impl Outbox {
     /// so the last one sends them together. An association whose transport is full keeps the
     /// rest for the next call; one that is gone loses its queue.
     pub(crate) async fn send(&mut self, handle: &EndpointHandle) {
-        let mut emptied = Vec::new();
-        for (&a, q) in self.queues.iter_mut() {
+        let mut still_pending = 0;
+        for i in 0..self.pending.len() {
+            let a = self.pending[i];
+            let Some(q) = self.queues.get_mut(&a) else {
+                continue;
+            };
             let id = rserpool_transport::AssociationId(a.0);
             while let Some((ppid, bytes)) = q.pop_front() {
                 let sent = if q.is_empty() {
@@ -81,19 +93,21 @@ impl Outbox {
                     }
                 }
             }
-            if q.is_empty() {
-                emptied.push(a);
+            if !q.is_empty() {
+                self.pending[still_pending] = a;
+                still_pending += 1;
             }
         }
-        for a in emptied {
-            self.queues.remove(&a);
-        }
+        self.pending.truncate(still_pending);
     }
 
     /// Forgets the messages of an association that went down.
     pub(crate) fn forget(&mut self, a: AssociationId) {
         if let Some(q) = self.queues.remove(&a) {
             self.held -= q.len();
+            if !q.is_empty() {
+                self.pending.retain(|p| *p != a);
+            }
         }
     }
 
