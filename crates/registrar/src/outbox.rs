@@ -67,6 +67,7 @@ impl Outbox {
                 continue;
             };
             let id = rserpool_transport::AssociationId(a.0);
+            let mut gone = false;
             while let Some((ppid, bytes)) = q.pop_front() {
                 let sent = if q.is_empty() {
                     handle.try_send(id, ppid, 0, bytes).await
@@ -86,6 +87,7 @@ impl Outbox {
                         tracing::debug!(association = a.0, error = %e, "cannot send");
                         self.held -= q.len() + 1;
                         q.clear();
+                        gone = true;
                     }
                     Err(e) => {
                         self.held -= 1;
@@ -96,6 +98,9 @@ impl Outbox {
             if !q.is_empty() {
                 self.pending[still_pending] = a;
                 still_pending += 1;
+            } else if gone {
+                // Its queue was made after it went down (answers of the same batch).
+                self.queues.remove(&a);
             }
         }
         self.pending.truncate(still_pending);
@@ -124,5 +129,43 @@ impl Outbox {
     /// Messages dropped so far because an association's queue was full.
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rserpool_transport::{Endpoint, EndpointConfig, TransportChoice};
+
+    #[tokio::test]
+    async fn answers_to_a_departed_association_leave_nothing_behind() {
+        let endpoint = Endpoint::bind(EndpointConfig::new(TransportChoice::Tcp))
+            .await
+            .unwrap();
+        let mut outbox = Outbox::new(8);
+        let gone = AssociationId(42);
+        for _ in 0..3 {
+            outbox.push(gone, 11, vec![0; 8]);
+        }
+        assert_eq!(outbox.held(), 3);
+        outbox.send(&endpoint.handle()).await;
+        assert!(outbox.is_empty());
+        assert!(outbox.queues.is_empty() && outbox.pending.is_empty());
+        assert_eq!(outbox.dropped(), 0);
+    }
+
+    #[tokio::test]
+    async fn past_the_limit_answers_are_dropped_and_counted() {
+        let endpoint = Endpoint::bind(EndpointConfig::new(TransportChoice::Tcp))
+            .await
+            .unwrap();
+        let mut outbox = Outbox::new(2);
+        for _ in 0..5 {
+            outbox.push(AssociationId(7), 11, vec![0; 8]);
+        }
+        assert_eq!((outbox.held(), outbox.dropped()), (2, 3));
+        outbox.forget(AssociationId(7));
+        assert!(outbox.is_empty() && outbox.pending.is_empty());
+        drop(endpoint);
     }
 }
