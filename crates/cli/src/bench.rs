@@ -286,11 +286,8 @@ async fn drive(
         }
         for i in 0..answered {
             let r = request(&mut next);
-            let sent = if i + 1 < answered {
-                handle.try_send_more(conn.id, 11, 0, r).await
-            } else {
-                handle.try_send(conn.id, 11, 0, r).await
-            };
+            let more = i + 1 < answered;
+            let sent = handle.try_send_hinted(conn.id, 11, 0, r, more).await;
             match sent {
                 Ok(()) => {}
                 // No room: wait for it (this send, unhinted, also ends a hinted run).

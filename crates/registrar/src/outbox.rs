@@ -69,11 +69,8 @@ impl Outbox {
             let id = rserpool_transport::AssociationId(a.0);
             let mut gone = false;
             while let Some((ppid, bytes)) = q.pop_front() {
-                let sent = if q.is_empty() {
-                    handle.try_send(id, ppid, 0, bytes).await
-                } else {
-                    handle.try_send_more(id, ppid, 0, bytes).await
-                };
+                let more = !q.is_empty();
+                let sent = handle.try_send_hinted(id, ppid, 0, bytes, more).await;
                 match sent {
                     Ok(()) => self.held -= 1,
                     Err(SendError::QueueFull { data, .. }) => {

@@ -97,11 +97,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (i, (id, answer)) in out.drain(..).enumerate() {
                 // A full queue drops the answer (the load generator counts what arrives); the
                 // next answer to that association flushes what was held.
-                let _ = if last.get(&id) == Some(&i) {
-                    handle.try_send(id, 11, 0, answer).await
-                } else {
-                    handle.try_send_more(id, 11, 0, answer).await
-                };
+                let more = last.get(&id) != Some(&i);
+                let _ = handle.try_send_hinted(id, 11, 0, answer, more).await;
             }
         }
         Ok(())

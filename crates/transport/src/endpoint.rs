@@ -638,19 +638,20 @@ impl EndpointHandle {
             .await
     }
 
-    /// Like [`try_send`](Self::try_send), with a hint that another message for the same
+    /// Like [`try_send`](Self::try_send); with `more`, a hint that another message for the same
     /// association follows at once: SCTP holds this one (`MSG_MORE`) to bundle them into one
     /// packet, flushed by the next send without the hint. The caller must end every run of hinted
     /// sends with an unhinted one; the TCP mapping ignores the hint.
-    pub async fn try_send_more(
+    pub async fn try_send_hinted(
         &self,
         id: AssociationId,
         ppid: u32,
         stream: u16,
         data: impl Into<Bytes>,
+        more: bool,
     ) -> Result<(), SendError> {
         self.shared
-            .send(id, ppid, stream, data.into(), false, true)
+            .send(id, ppid, stream, data.into(), false, more)
             .await
     }
 

@@ -346,7 +346,7 @@ pub async fn hinted_sends_arrive_in_order(choice: TransportChoice, listen: Socke
     let (mut s, c, _, cid) = pair(choice, &[listen]).await;
     let h = c.handle();
     for i in 0..40u32 {
-        h.try_send_more(cid, 11, 0, i.to_be_bytes().to_vec())
+        h.try_send_hinted(cid, 11, 0, i.to_be_bytes().to_vec(), true)
             .await
             .expect("hinted send");
     }
