@@ -5,7 +5,8 @@
 use bytes::Bytes;
 use rserpool_handlespace::AssociationId;
 use rserpool_transport::{EndpointHandle, SendError};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 
 /// How often held messages are retried while the transport has no room for them.
 pub(crate) const RETRY: std::time::Duration = std::time::Duration::from_millis(5);
@@ -15,7 +16,7 @@ pub(crate) const RETRY: std::time::Duration = std::time::Duration::from_millis(5
 pub(crate) struct Outbox {
     /// Per association; kept (empty) until the association goes, so that a busy association
     /// does not allocate a queue per batch.
-    queues: HashMap<AssociationId, VecDeque<(u32, Bytes)>>,
+    queues: FxHashMap<AssociationId, VecDeque<(u32, Bytes)>>,
     /// The associations with messages queued, each once.
     pending: Vec<AssociationId>,
     /// Most messages held for one association; past it new messages are dropped.
@@ -27,7 +28,7 @@ pub(crate) struct Outbox {
 impl Outbox {
     pub(crate) fn new(limit: usize) -> Self {
         Outbox {
-            queues: HashMap::new(),
+            queues: FxHashMap::default(),
             pending: Vec::new(),
             limit: limit.max(1),
             held: 0,

@@ -13,7 +13,6 @@ use rserpool_wire::{
     Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId, RegistrationLife,
     TransportAddress, TransportUse, UserTransport,
 };
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -75,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut endpoint = Endpoint::bind(config).await?;
         let handle = endpoint.handle();
         let mut out: Vec<(AssociationId, Bytes)> = Vec::new();
-        let mut last = HashMap::new();
+        let mut last = rustc_hash::FxHashMap::default();
         // Like the registrar's driver: take what is queued, then answer, each association's
         // answers but the last with the hint that more follow.
         while let Some(first) = endpoint.next_event().await {

@@ -6,7 +6,7 @@ use crate::stats::{Counters, EndpointStats};
 use crate::tcp::frame::FrameError;
 use crate::{sctp, tcp};
 use bytes::Bytes;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -252,7 +252,8 @@ pub(crate) struct Shared {
     pub kind: TransportKind,
     pub events: mpsc::Sender<Event>,
     next_id: AtomicU64,
-    assocs: Mutex<HashMap<AssociationId, Assoc>>,
+    /// Keyed by ids this endpoint hands out, never by peers' input: a fast hash is safe.
+    assocs: Mutex<FxHashMap<AssociationId, Assoc>>,
     pub counters: Counters,
     pub closed: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -264,7 +265,7 @@ impl Shared {
         AssociationId(self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    pub fn assocs(&self) -> MutexGuard<'_, HashMap<AssociationId, Assoc>> {
+    pub fn assocs(&self) -> MutexGuard<'_, FxHashMap<AssociationId, Assoc>> {
         // A panic while holding this lock would be a bug in this crate; the map stays usable.
         self.assocs.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -504,7 +505,7 @@ impl Endpoint {
             kind,
             events: tx,
             next_id: AtomicU64::new(1),
-            assocs: Mutex::new(HashMap::new()),
+            assocs: Mutex::new(FxHashMap::default()),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),

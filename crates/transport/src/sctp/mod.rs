@@ -87,7 +87,8 @@ mod linux {
     use crate::stats::Counters;
     use crate::tcp::frame::FrameError;
     use bytes::{Bytes, BytesMut};
-    use std::collections::{HashMap, VecDeque};
+    use rustc_hash::FxHashMap;
+    use std::collections::VecDeque;
     use std::io;
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
     use std::os::fd::{AsRawFd, OwnedFd};
@@ -108,7 +109,8 @@ mod linux {
 
     #[derive(Default)]
     struct KernelMap {
-        by_kernel: HashMap<i32, AssociationId>,
+        /// Keyed by the kernel's association ids, never by peers' input: a fast hash is safe.
+        by_kernel: FxHashMap<i32, AssociationId>,
         tombstones: VecDeque<(i32, AssociationId)>,
     }
 
@@ -373,9 +375,9 @@ mod linux {
         shared: Arc<Shared>,
         sock: Arc<SctpSocket>,
         /// Messages being received in pieces (partial delivery), by kernel association id.
-        partial: HashMap<i32, BytesMut>,
+        partial: FxHashMap<i32, BytesMut>,
         /// Associations whose peer sent SHUTDOWN.
-        peer_shutdown: std::collections::HashSet<i32>,
+        peer_shutdown: rustc_hash::FxHashSet<i32>,
     }
 
     /// Messages taken from the socket with one system call.
@@ -387,7 +389,7 @@ mod linux {
         let mut r = Reader {
             shared,
             sock: sock.clone(),
-            partial: HashMap::new(),
+            partial: FxHashMap::default(),
             peer_shutdown: Default::default(),
         };
         loop {
