@@ -236,6 +236,8 @@ struct Entry {
     /// Checksum word sum of this PE (pool handle and identifier).
     words: u64,
     unreachability_reports: u32,
+    /// Bumped whenever `element` changes (re-registration, new home registrar).
+    revision: u32,
     owner: Link,
     assoc: Link,
 }
@@ -942,6 +944,7 @@ impl Handlespace {
             updated_at: now,
             words,
             unreachability_reports: 0,
+            revision: 0,
             owner: Link::NONE,
             assoc: Link::NONE,
         };
@@ -987,6 +990,7 @@ impl Handlespace {
         let previous = std::mem::replace(&mut e.element, element);
         e.updated_at = now;
         e.unreachability_reports = 0;
+        e.revision = e.revision.wrapping_add(1);
         let new_owner = e.element.home_registrar;
         let old_association = e.association;
         let h = &mut self.hot[i as usize];
@@ -1240,14 +1244,18 @@ impl Handlespace {
         Ok(selection)
     }
 
-    /// [`Handlespace::select`] into a caller's buffer, reusing its allocation.
-    pub fn select_into<R: Rng + ?Sized>(
+    /// [`Handlespace::select`] into a caller's buffer, reusing its allocation; the pool handle
+    /// may be borrowed as bytes (straight from a request).
+    pub fn select_into<R: Rng + ?Sized, H: Ord + ?Sized>(
         &mut self,
-        pool_handle: &PoolHandle,
+        pool_handle: &H,
         n: usize,
         rng: &mut R,
         out: &mut Selection,
-    ) -> Result<(), Error> {
+    ) -> Result<(), Error>
+    where
+        PoolHandle: std::borrow::Borrow<H>,
+    {
         out.elements.clear();
         let &p = self
             .pool_index
@@ -1489,7 +1497,9 @@ impl Handlespace {
         let old = live(&self.slots, i).element.home_registrar;
         if old != home {
             self.move_owner(i, old, home);
-            live_mut(&mut self.slots, i).element.home_registrar = home;
+            let e = live_mut(&mut self.slots, i);
+            e.element.home_registrar = home;
+            e.revision = e.revision.wrapping_add(1);
         }
         Ok(old)
     }
@@ -1511,6 +1521,7 @@ impl Handlespace {
         while i != NIL {
             let e = live_mut(&mut self.slots, i);
             e.element.home_registrar = to;
+            e.revision = e.revision.wrapping_add(1);
             i = e.owner.next;
         }
         // Splice the whole list behind the new owner's.
@@ -1900,6 +1911,13 @@ impl<'a> PoolElementRef<'a> {
     /// refreshed since a resynchronisation began are stale).
     pub fn updated_at(&self) -> Duration {
         self.entry.updated_at
+    }
+
+    /// Changes whenever the PE's registered values may have changed (each re-registration, a
+    /// new home registrar), and only then: what a caller derived from them, an encoded form
+    /// say, is stale once this differs from when it was derived.
+    pub fn revision(&self) -> u32 {
+        self.entry.revision
     }
 
     /// Times it has been selected.

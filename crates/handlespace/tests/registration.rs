@@ -3,6 +3,7 @@
 mod common;
 
 use common::{pe, pe_on, secs, HOME};
+use rand::SeedableRng;
 use rserpool_handlespace::{
     AssociationId, ChecksumFlavor, Error, Handlespace, HandlespaceConfig, Registration, TimerKind,
 };
@@ -440,4 +441,42 @@ fn chunked_walks_resume_after_the_last_pool_and_pe() {
         .collect();
     assert_eq!(ids, [5, 7]);
     assert_eq!(b.elements().count(), 3);
+}
+
+#[test]
+fn revision_changes_with_the_registered_values_only() {
+    let mut hs = Handlespace::default();
+    let entry = hs
+        .register(&echo(), pe(1, PoolPolicy::RoundRobin), None, secs(0))
+        .unwrap()
+        .entry();
+    hs.register(&echo(), pe(2, PoolPolicy::RoundRobin), None, secs(0))
+        .unwrap();
+    let revision = |hs: &Handlespace| hs.get(entry).unwrap().revision();
+    let r0 = revision(&hs);
+
+    // Selections, timers and unreachability reports leave the registered values alone.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    for _ in 0..4 {
+        hs.select(&echo(), 2, &mut rng).unwrap();
+    }
+    hs.set_timer(entry, TimerKind::KeepAliveTransmission, secs(5))
+        .unwrap();
+    hs.report_unreachable(entry).unwrap();
+    assert_eq!(revision(&hs), r0);
+
+    // Each re-registration (even with the same values), a new home and a takeover change it.
+    hs.register(&echo(), pe(1, PoolPolicy::RoundRobin), None, secs(1))
+        .unwrap();
+    let r1 = revision(&hs);
+    assert_ne!(r1, r0);
+    let other = RegistrarId(0x77);
+    hs.set_home_registrar(entry, other).unwrap();
+    let r2 = revision(&hs);
+    assert_ne!(r2, r1);
+    hs.set_home_registrar(entry, other).unwrap();
+    assert_eq!(revision(&hs), r2, "the same home again changes nothing");
+    hs.take_over(other, HOME);
+    assert_ne!(revision(&hs), r2);
+    assert_eq!(hs.get(entry).unwrap().home_registrar(), HOME);
 }
