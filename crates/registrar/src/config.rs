@@ -158,6 +158,12 @@ pub struct RegistrarConfig {
     pub enforce_registration_life: bool,
     /// ASAP_SERVER_ANNOUNCE by multicast; `None` turns announces off.
     pub announce: Option<AnnounceConfig>,
+    /// Whether every answered handle resolution is reported as a
+    /// [`crate::RegistrarEvent::HandleResolution`] with its selection (the PEs chosen and the
+    /// inputs of the choice). Off, resolutions are only counted in the metrics, which spares a
+    /// busy registrar a report per request nobody reads; the driver turns it on when debug logs
+    /// are on.
+    pub report_resolutions: bool,
     /// Seed of the registrar's random numbers (keep-alive jitter, random policies); `None`
     /// seeds from the operating system. Set it to make a run reproducible.
     pub seed: Option<u64>,
@@ -215,6 +221,7 @@ impl RegistrarConfig {
                 jitter: 0.125,
                 transports: Vec::new(),
             }),
+            report_resolutions: true,
             seed: None,
         }
     }

@@ -7,6 +7,7 @@
 //! [`Registrar::poll_timeout`].
 
 use crate::config::{AddressScope, Profile, RegistrarConfig};
+use crate::encoded_pes::EncodedPes;
 use crate::metrics::{Metrics, RateLimited, RemovalCause};
 use crate::rate::TokenBucket;
 use rand::rngs::StdRng;
@@ -14,13 +15,14 @@ use rand::{Rng, SeedableRng};
 use rserpool_handlespace::{
     AssociationId, EntryId, Handlespace, RemovedElement, Selection, TimerKind,
 };
-use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_wire::asap::{self, AsapMessage, HandleResolutionRef};
 use rserpool_wire::{
     CauseCode, Codec, DecodeError, ErrorCause, HandleResolutionOption, Message, OperationError,
     PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId, RegistrationLife,
     TransportAddress, TransportProtocol, TransportUse, UserTransport,
 };
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -190,12 +192,16 @@ pub struct Registrar {
     codec: Codec,
     handlespace: Handlespace,
     rng: StdRng,
-    associations: HashMap<AssociationId, Association>,
+    /// Keyed by the transport's association ids, never by peers' input: a fast hash is safe.
+    associations: FxHashMap<AssociationId, Association>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<RegistrarEvent>,
     metrics: Metrics,
     next_announce: Option<Duration>,
     enrp_peers: usize,
+    /// Reused by handle resolutions that are not reported.
+    selection: Selection,
+    encoded_pes: EncodedPes,
 }
 
 /// Sends an encoded message or, if it cannot be encoded (a bug), reports nothing: every message
@@ -223,12 +229,14 @@ impl Registrar {
             handlespace: Handlespace::new(config.handlespace.clone()),
             id,
             rng,
-            associations: HashMap::new(),
+            associations: FxHashMap::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             metrics: Metrics::default(),
             next_announce,
             enrp_peers: 0,
+            selection: Selection::default(),
+            encoded_pes: EncodedPes::default(),
             config,
         }
     }
@@ -322,6 +330,11 @@ impl Registrar {
             });
             return;
         }
+        // The request a registrar gets most, read in place; any other shape is decoded fully.
+        if let Some(h) = self.codec.peek_handle_resolution(bytes) {
+            self.handle_resolution(now, association, h);
+            return;
+        }
         let decoded = match self.codec.decode::<AsapMessage>(bytes) {
             Ok(d) => d,
             Err(error) => {
@@ -350,7 +363,9 @@ impl Registrar {
         match decoded.message {
             AsapMessage::Registration(r) => self.registration(now, association, r),
             AsapMessage::Deregistration(d) => self.deregistration(association, d),
-            AsapMessage::HandleResolution(h) => self.handle_resolution(now, association, h),
+            AsapMessage::HandleResolution(h) => {
+                self.handle_resolution(now, association, h.as_ref())
+            }
             AsapMessage::EndpointKeepAliveAck(a) => self.keep_alive_ack(now, association, a),
             AsapMessage::EndpointUnreachable(u) => self.endpoint_unreachable(now, association, u),
             other => self.events.push_back(RegistrarEvent::Ignored {
@@ -671,7 +686,7 @@ impl Registrar {
         &mut self,
         now: Duration,
         association: AssociationId,
-        h: asap::HandleResolution,
+        h: HandleResolutionRef<'_>,
     ) {
         let limited = self
             .associations
@@ -688,7 +703,7 @@ impl Registrar {
                 association,
                 &AsapMessage::HandleResolutionResponse(asap::HandleResolutionResponse {
                     accepted: false,
-                    pool_handle: h.pool_handle,
+                    pool_handle: PoolHandle::from(h.pool_handle),
                     overall_policy: None,
                     pool_elements: Vec::new(),
                     error: Some(OperationError::new(CauseCode::RejectedSecurity)),
@@ -706,27 +721,32 @@ impl Registrar {
             Some(HandleResolutionOption { items }) => items,
         }
         .clamp(1, max) as usize;
-        let mut selection = Selection::default();
+        // The selection buffer is reused unless the selection is handed on in a report.
+        let mut selection = std::mem::take(&mut self.selection);
         let found = self
             .handlespace
-            .select_into(&h.pool_handle, items, &mut self.rng, &mut selection)
+            .select_into(h.pool_handle, items, &mut self.rng, &mut selection)
             .is_ok();
         if found {
             self.metrics.resolutions += 1;
             self.metrics.resolved_pool_elements += selection.elements.len() as u64;
+            // Each PE is encoded once per registration, not once per answer.
+            for s in &selection.elements {
+                if let Some(pe) = self.handlespace.get(s.entry) {
+                    let _ = self.encoded_pes.refresh(&self.codec, pe);
+                }
+            }
             let pool_elements = selection
                 .elements
                 .iter()
-                .filter_map(|s| self.handlespace.get(s.entry))
-                .map(|e| e.element());
+                .filter_map(|s| self.encoded_pes.get(s.entry));
             // The pool's policy, carried with the first selected PE's values as RSPLIB does.
-            let overall_policy = pool_elements.clone().next().map(|pe| &pe.policy);
-            // Encoded from the handlespace's entries, without copying them.
+            let overall_policy = selection.elements.first().map(|s| &s.policy);
             let mut bytes = Vec::with_capacity(256);
             if self
                 .codec
                 .encode_handle_resolution_response(
-                    &h.pool_handle,
+                    h.pool_handle,
                     overall_policy,
                     pool_elements,
                     &mut bytes,
@@ -745,18 +765,22 @@ impl Registrar {
                 association,
                 &AsapMessage::HandleResolutionResponse(asap::HandleResolutionResponse {
                     accepted: false,
-                    pool_handle: h.pool_handle.clone(),
+                    pool_handle: PoolHandle::from(h.pool_handle),
                     overall_policy: None,
                     pool_elements: Vec::new(),
                     error: Some(OperationError::new(CauseCode::UnknownPoolHandle)),
                 }),
             );
         }
-        self.events.push_back(RegistrarEvent::HandleResolution {
-            association,
-            pool_handle: h.pool_handle,
-            selection: found.then_some(selection),
-        });
+        if self.config.report_resolutions {
+            self.events.push_back(RegistrarEvent::HandleResolution {
+                association,
+                pool_handle: PoolHandle::from(h.pool_handle),
+                selection: found.then_some(selection),
+            });
+        } else {
+            self.selection = selection;
+        }
     }
 
     fn send_keep_alive(&mut self, now: Duration, entry: EntryId) {
@@ -896,6 +920,7 @@ impl Registrar {
     }
 
     fn removed(&mut self, pool_handle: PoolHandle, removed: RemovedElement, cause: RemovalCause) {
+        self.encoded_pes.forget(removed.entry);
         self.metrics.removal(cause);
         self.events.push_back(RegistrarEvent::Removed {
             pool_handle,

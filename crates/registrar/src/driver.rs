@@ -168,7 +168,10 @@ pub async fn run(
 
     let epoch = Instant::now();
     let now = || epoch.elapsed();
-    let mut core = Registrar::new(config.core.clone(), now());
+    let mut core_config = config.core.clone();
+    // The driver only logs resolution reports, at debug: without those logs nobody reads them.
+    core_config.report_resolutions &= tracing::enabled!(tracing::Level::DEBUG);
+    let mut core = Registrar::new(core_config, now());
     tracing::info!(
         registrar = %core.id(),
         transport = %kind,

@@ -6,6 +6,7 @@
 mod config;
 mod core;
 pub mod driver;
+mod encoded_pes;
 mod http;
 mod metrics;
 mod outbox;

@@ -909,3 +909,95 @@ fn limits_are_answered_with_lack_of_resources() {
     assert!(logged);
     assert!(h.r.handlespace().is_empty());
 }
+
+#[test]
+fn resolutions_answer_with_the_current_registration() {
+    let mut h = Harness::rsplib();
+    let pe_assoc = h.up(1, PE_ADDR);
+    let pu = h.up(2, PU_ADDR);
+    let resolve = |h: &mut Harness| {
+        h.send(pu, resolution("LoadPool", None));
+        match h.sent_to(pu).remove(0) {
+            AsapMessage::HandleResolutionResponse(r) => r.pool_elements,
+            other => panic!("{other:?}"),
+        }
+    };
+    h.send(
+        pe_assoc,
+        registration("LoadPool", pe(1, PoolPolicy::LeastUsed { load: 10 })),
+    );
+    let first = resolve(&mut h);
+    assert_eq!(first[0].policy, PoolPolicy::LeastUsed { load: 10 });
+    assert_eq!(
+        resolve(&mut h),
+        first,
+        "the same registration, the same answer"
+    );
+
+    // A re-registration with a new load and port is what the next answer carries.
+    let mut changed = pe(1, PoolPolicy::LeastUsed { load: 50 });
+    changed.user_transport = UserTransport::Address(TransportAddress::sctp(
+        9999,
+        TransportUse::DataPlusControl,
+        vec![PE_ADDR.parse().unwrap()],
+    ));
+    h.send(pe_assoc, registration("LoadPool", changed.clone()));
+    let second = resolve(&mut h);
+    assert_eq!(second[0].policy, PoolPolicy::LeastUsed { load: 50 });
+    assert_eq!(second[0].user_transport, changed.user_transport);
+
+    // A PE registered after another left (its slot reused) is answered as itself.
+    h.send(
+        pe_assoc,
+        AsapMessage::Deregistration(asap::Deregistration {
+            pool_handle: PoolHandle::from("LoadPool"),
+            pe_id: PoolElementId(1),
+        }),
+    );
+    h.send(
+        pe_assoc,
+        registration("LoadPool", pe(2, PoolPolicy::LeastUsed { load: 7 })),
+    );
+    h.sent();
+    let third = resolve(&mut h);
+    assert_eq!(third.len(), 1);
+    assert_eq!(third[0].id, PoolElementId(2));
+    assert_eq!(third[0].policy, PoolPolicy::LeastUsed { load: 7 });
+}
+
+#[test]
+fn unreported_resolutions_are_answered_and_counted_alike() {
+    let run = |report: bool| {
+        let mut h = Harness::new(Profile::Rsplib, |c| c.report_resolutions = report);
+        let pe_assoc = h.up(1, PE_ADDR);
+        let pu = h.up(2, PU_ADDR);
+        for id in 1..=5 {
+            h.send(
+                pe_assoc,
+                registration("RandomPool", pe(id, PoolPolicy::Random)),
+            );
+        }
+        h.sent();
+        h.events();
+        for _ in 0..20 {
+            h.send(pu, resolution("RandomPool", Some(2)));
+        }
+        h.send(pu, resolution("NoSuchPool", None));
+        let answers = h.sent_to(pu);
+        let reports = h
+            .events()
+            .into_iter()
+            .filter(|e| matches!(e, RegistrarEvent::HandleResolution { .. }))
+            .count();
+        let m = h.r.metrics();
+        (answers, reports, m.resolutions, m.resolutions_unknown_pool)
+    };
+    let (reported_answers, reports, resolutions, unknown) = run(true);
+    assert_eq!((reports, resolutions, unknown), (21, 20, 1));
+    let (answers, reports, resolutions, unknown) = run(false);
+    assert_eq!((reports, resolutions, unknown), (0, 20, 1));
+    assert_eq!(
+        answers, reported_answers,
+        "the same seed gives the same answers"
+    );
+}

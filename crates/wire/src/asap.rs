@@ -1,6 +1,6 @@
 //! ASAP messages (RFC 5352 §2.2): every message type as a typed value, with its flags.
 
-use crate::codec::{Ctx, Reader};
+use crate::codec::{padded, Ctx, Reader, HEADER_LEN};
 use crate::config::CodecConfig;
 use crate::error::{DecodeError, EncodeError};
 use crate::message::{flag, flags_of, sealed::Codable, write_message, Message};
@@ -137,6 +137,98 @@ pub struct HandleResolution {
     pub option: Option<HandleResolutionOption>,
 }
 
+impl HandleResolution {
+    /// The request as a [`HandleResolutionRef`], borrowing the pool handle.
+    pub fn as_ref(&self) -> HandleResolutionRef<'_> {
+        HandleResolutionRef {
+            subscribe: self.subscribe,
+            pool_handle: self.pool_handle.as_bytes(),
+            option: self.option,
+        }
+    }
+}
+
+/// An ASAP_HANDLE_RESOLUTION read in place, its pool handle borrowed from the message: what a
+/// registrar needs of the request it answers most often, without an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleResolutionRef<'a> {
+    /// S flag: subscribe to changes of the pool.
+    pub subscribe: bool,
+    /// The pool handle's bytes.
+    pub pool_handle: &'a [u8],
+    /// How many PEs the PU wants.
+    pub option: Option<HandleResolutionOption>,
+}
+
+impl crate::Codec {
+    /// Reads an ASAP_HANDLE_RESOLUTION of the usual shape (RFC 5352 §2.2.5: a Pool Handle, then
+    /// at most a Handle Resolution option) in place. `None` for anything else: other messages,
+    /// other shapes, anything malformed, which [`crate::Codec::decode`] then reads (and, if it
+    /// must, rejects with the right error). What this accepts, `decode` decodes to the same
+    /// values with no unrecognized parameters.
+    pub fn peek_handle_resolution<'a>(&self, bytes: &'a [u8]) -> Option<HandleResolutionRef<'a>> {
+        let config = self.config();
+        let [message_type, flags, l0, l1, ..] = *bytes else {
+            return None;
+        };
+        let length = usize::from(u16::from_be_bytes([l0, l1]));
+        if message_type != AsapMessageType::HandleResolution as u8
+            || length < HEADER_LEN
+            || length > config.message_limit()
+            || length > bytes.len()
+            || !matches!(bytes.len() - length, n if n == 0 || n == padded(length) - length)
+            || bytes[length..].iter().any(|&b| b != 0)
+        {
+            return None;
+        }
+        let body = &bytes[HEADER_LEN..length];
+        // One parameter: (type, value, what follows its padding).
+        let tlv = |region: &'a [u8]| -> Option<(u16, &'a [u8], &'a [u8])> {
+            let [t0, t1, n0, n1, ..] = *region else {
+                return None;
+            };
+            let n = usize::from(u16::from_be_bytes([n0, n1]));
+            if n < HEADER_LEN || n > region.len() {
+                return None;
+            }
+            let value = &region[HEADER_LEN..n];
+            let rest = &region[n..];
+            if rest.is_empty() {
+                return Some((u16::from_be_bytes([t0, t1]), value, rest));
+            }
+            let pad = padded(n) - n;
+            if rest.len() < pad || rest[..pad].iter().any(|&b| b != 0) {
+                return None;
+            }
+            Some((u16::from_be_bytes([t0, t1]), value, &rest[pad..]))
+        };
+        let (t, pool_handle, rest) = tlv(body)?;
+        if t != ParameterType::POOL_HANDLE.0
+            || pool_handle.is_empty()
+            || pool_handle.len() > config.max_pool_handle_size
+        {
+            return None;
+        }
+        let option = if rest.is_empty() {
+            None
+        } else {
+            let (t, value, rest) = tlv(rest)?;
+            let items: [u8; 4] = value.try_into().ok()?;
+            if t != ParameterType::HANDLE_RESOLUTION.0 || !rest.is_empty() {
+                return None;
+            }
+            Some(HandleResolutionOption {
+                items: u32::from_be_bytes(items),
+            })
+        };
+        Some(HandleResolutionRef {
+            subscribe: flag(flags, BIT0),
+            pool_handle,
+            option,
+        })
+    }
+}
+
 /// ASAP_HANDLE_RESOLUTION_RESPONSE (RFC 5352 §2.2.6): PEs chosen by the pool's policy, or an
 /// Operation Error (e.g. Unknown Pool Handle) and no PEs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -153,16 +245,40 @@ pub struct HandleResolutionResponse {
     pub error: Option<OperationError>,
 }
 
+/// One PE's Pool Element parameter as handle resolution responses carry it (without its ASAP
+/// transport, which a PU has no use for), encoded once: a registrar answers many resolutions
+/// from PEs that change only when they re-register, so it keeps this beside each PE instead of
+/// encoding the PE for every answer. Only [`crate::Codec::encode_pool_element_for_users`]
+/// makes one, so it always holds one whole, padded parameter, in that codec's units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedPoolElement(Box<[u8]>);
+
+impl EncodedPoolElement {
+    /// The parameter's bytes (header, value, padding).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl crate::Codec {
-    /// Appends an ASAP_HANDLE_RESOLUTION_RESPONSE (RFC 5352 §2.2.6) for PEs borrowed from where
-    /// they are kept (a registrar's handlespace), each without its ASAP transport parameter: the
-    /// bytes of a [`HandleResolutionResponse`] holding those PEs with `asap_transport: None`,
-    /// without copying them. On error `buf` is left as it was.
+    /// Encodes a PE as [`crate::Codec::encode_handle_resolution_response`] sends it.
+    pub fn encode_pool_element_for_users(
+        &self,
+        pe: &PoolElement,
+    ) -> Result<EncodedPoolElement, EncodeError> {
+        let bytes = crate::codec::parameter_bytes(|w| pe.encode_parts(w, self.config(), false))?;
+        Ok(EncodedPoolElement(bytes.into_boxed_slice()))
+    }
+
+    /// Appends an ASAP_HANDLE_RESOLUTION_RESPONSE (RFC 5352 §2.2.6) built from PEs encoded
+    /// beforehand by [`crate::Codec::encode_pool_element_for_users`]: the bytes of a
+    /// [`HandleResolutionResponse`] holding those PEs with `asap_transport: None`. On error
+    /// `buf` is left as it was.
     pub fn encode_handle_resolution_response<'a>(
         &self,
-        pool_handle: &PoolHandle,
+        pool_handle: &[u8],
         overall_policy: Option<&PoolPolicy>,
-        pool_elements: impl IntoIterator<Item = &'a PoolElement>,
+        pool_elements: impl IntoIterator<Item = &'a EncodedPoolElement>,
         buf: &mut Vec<u8>,
     ) -> Result<(), EncodeError> {
         let config = self.config();
@@ -177,7 +293,7 @@ impl crate::Codec {
                     policy.encode(w)?;
                 }
                 for pe in pool_elements {
-                    pe.encode_parts(w, config, false)?;
+                    w.bytes(pe.as_bytes());
                 }
                 Ok(())
             },
@@ -441,11 +557,11 @@ impl Codable for AsapMessage {
         write_message(buf, config, self.message_type(), flags, |w| {
             match self {
                 M::Registration(m) => {
-                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pool_handle(w, m.pool_handle.as_bytes())?;
                     m.pool_element.encode(w, config)?;
                 }
                 M::Deregistration(m) => {
-                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pool_handle(w, m.pool_handle.as_bytes())?;
                     encode_pe_identifier(w, m.pe_id)?;
                 }
                 M::RegistrationResponse(RegistrationResponse {
@@ -459,20 +575,20 @@ impl Codable for AsapMessage {
                     pe_id,
                     error,
                 }) => {
-                    encode_pool_handle(w, pool_handle)?;
+                    encode_pool_handle(w, pool_handle.as_bytes())?;
                     encode_pe_identifier(w, *pe_id)?;
                     if let Some(e) = error {
                         e.encode(w)?;
                     }
                 }
                 M::HandleResolution(m) => {
-                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pool_handle(w, m.pool_handle.as_bytes())?;
                     if let Some(o) = m.option {
                         encode_handle_resolution(w, o)?;
                     }
                 }
                 M::HandleResolutionResponse(m) => {
-                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pool_handle(w, m.pool_handle.as_bytes())?;
                     if let Some(policy) = &m.overall_policy {
                         policy.encode(w)?;
                     }
@@ -485,14 +601,14 @@ impl Codable for AsapMessage {
                 }
                 M::EndpointKeepAlive(m) => {
                     w.u32(m.server_id.0);
-                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pool_handle(w, m.pool_handle.as_bytes())?;
                     if let Some(id) = m.pe_id {
                         encode_pe_identifier(w, id)?;
                     }
                 }
                 M::EndpointKeepAliveAck(EndpointKeepAliveAck { pool_handle, pe_id })
                 | M::EndpointUnreachable(EndpointUnreachable { pool_handle, pe_id }) => {
-                    encode_pool_handle(w, pool_handle)?;
+                    encode_pool_handle(w, pool_handle.as_bytes())?;
                     encode_pe_identifier(w, *pe_id)?;
                 }
                 M::ServerAnnounce(m) => {
@@ -505,7 +621,7 @@ impl Codable for AsapMessage {
                     encode_cookie(w, cookie)?;
                 }
                 M::BusinessCard(m) => {
-                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pool_handle(w, m.pool_handle.as_bytes())?;
                     for pe in &m.pool_elements {
                         pe.encode(w, config)?;
                     }

@@ -401,7 +401,7 @@ impl Codable for EnrpMessage {
                 M::HandleTableRequest(_) | M::ListRequest(_) => {}
                 M::HandleTableResponse(m) => {
                     for e in &m.entries {
-                        encode_pool_handle(w, &e.pool_handle)?;
+                        encode_pool_handle(w, e.pool_handle.as_bytes())?;
                         for pe in &e.pool_elements {
                             pe.encode(w, config)?;
                         }
@@ -413,7 +413,7 @@ impl Codable for EnrpMessage {
                         UpdateAction::DelPe => 1,
                     });
                     w.u16(0);
-                    encode_pool_handle(w, &m.pool_handle)?;
+                    encode_pool_handle(w, m.pool_handle.as_bytes())?;
                     m.pool_element.encode(w, config)?;
                 }
                 M::ListResponse(m) => {

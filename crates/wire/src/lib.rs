@@ -35,7 +35,7 @@ mod types;
 #[cfg(feature = "arbitrary")]
 pub mod arbitrary;
 
-pub use asap::AsapMessage;
+pub use asap::{AsapMessage, EncodedPoolElement, HandleResolutionRef};
 pub use codec::UnrecognizedParameter;
 pub use config::{CodecConfig, LifeUnit, MAX_WIRE_LENGTH};
 pub use enrp::EnrpMessage;

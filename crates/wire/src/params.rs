@@ -91,7 +91,7 @@ impl Parameter {
             Parameter::Transport(t) => t.encode(w),
             Parameter::OpaqueTransport(b) => w.tlv(ParameterType::OPAQUE_TRANSPORT, b),
             Parameter::Policy(p) => p.encode(w),
-            Parameter::PoolHandle(h) => encode_pool_handle(w, h),
+            Parameter::PoolHandle(h) => encode_pool_handle(w, h.as_bytes()),
             Parameter::PoolElement(pe) => pe.encode(w, config),
             Parameter::ServerInformation(s) => s.encode(w),
             Parameter::OperationError(e) => e.encode(w),
@@ -165,14 +165,14 @@ impl Parameter {
 }
 
 /// Encoders for the top-level parameters that are plain values.
-pub fn encode_pool_handle(w: &mut Writer<'_>, h: &PoolHandle) -> Result<(), EncodeError> {
+pub fn encode_pool_handle(w: &mut Writer<'_>, h: &[u8]) -> Result<(), EncodeError> {
     if h.is_empty() {
         return Err(EncodeError::InvalidValue {
             field: "pool handle",
             reason: "must not be empty",
         });
     }
-    w.tlv(ParameterType::POOL_HANDLE, h.as_bytes())
+    w.tlv(ParameterType::POOL_HANDLE, h)
 }
 
 pub fn encode_pe_identifier(w: &mut Writer<'_>, id: PoolElementId) -> Result<(), EncodeError> {

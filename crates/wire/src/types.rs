@@ -239,6 +239,14 @@ impl PoolHandle {
     }
 }
 
+/// Pool handles order, compare and hash as their bytes do, so maps keyed by them can be
+/// searched with bytes borrowed from a message.
+impl std::borrow::Borrow<[u8]> for PoolHandle {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl From<&str> for PoolHandle {
     fn from(s: &str) -> Self {
         PoolHandle(s.as_bytes().to_vec())

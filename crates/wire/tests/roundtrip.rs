@@ -48,18 +48,22 @@ proptest! {
         roundtrip(&Codec::default(), &m)?;
     }
 
-    /// The borrowed encoding of a handle resolution response is the owned one's, byte for byte,
-    /// with every PE's ASAP transport left out.
+    /// A handle resolution response built from PEs encoded beforehand is the owned one's, byte
+    /// for byte, with every PE's ASAP transport left out.
     #[test]
-    fn borrowed_handle_resolution_response_matches(
+    fn preencoded_handle_resolution_response_matches(
         handle in pool_handle(),
         overall in proptest::option::of(policy()),
         pes in proptest::collection::vec(pool_element(LifeUnit::Milliseconds), 0..6),
     ) {
         let codec = Codec::default();
+        let encoded: Vec<_> = pes
+            .iter()
+            .map(|pe| codec.encode_pool_element_for_users(pe).unwrap())
+            .collect();
         let mut borrowed = vec![0xee];
         codec
-            .encode_handle_resolution_response(&handle, overall.as_ref(), &pes, &mut borrowed)
+            .encode_handle_resolution_response(handle.as_bytes(), overall.as_ref(), &encoded, &mut borrowed)
             .unwrap();
         let owned = AsapMessage::HandleResolutionResponse(rserpool_wire::asap::HandleResolutionResponse {
             accepted: false,
@@ -123,5 +127,87 @@ proptest! {
         let _ = codec.decode::<AsapMessage>(&b);
         let _ = codec.decode::<EnrpMessage>(&b);
         let _ = codec.decode_parameters(Protocol::Enrp, &b);
+    }
+}
+
+/// What [`Codec::peek_handle_resolution`] accepts, the full decoder decodes to the same values
+/// without unrecognized parameters.
+fn peek_agrees(codec: &Codec, bytes: &[u8]) -> Result<bool, TestCaseError> {
+    let Some(peeked) = codec.peek_handle_resolution(bytes) else {
+        return Ok(false);
+    };
+    let decoded = codec.decode::<AsapMessage>(bytes);
+    let Ok(decoded) = decoded else {
+        return Err(TestCaseError::fail(format!(
+            "peek accepted what decode refuses: {decoded:?}"
+        )));
+    };
+    prop_assert!(decoded.unrecognized.is_empty());
+    match &decoded.message {
+        AsapMessage::HandleResolution(h) => prop_assert_eq!(h.as_ref(), peeked),
+        other => prop_assert!(false, "peek accepted {:?}", other),
+    }
+    Ok(true)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// Every handle resolution of the usual shape is peeked, unpadded or padded, as decoded.
+    #[test]
+    fn handle_resolutions_are_peeked_as_decoded(
+        subscribe in any::<bool>(),
+        handle in pool_handle(),
+        items in proptest::option::of(any::<u32>()),
+    ) {
+        let codec = Codec::default();
+        let m = AsapMessage::HandleResolution(rserpool_wire::asap::HandleResolution {
+            subscribe,
+            pool_handle: handle,
+            option: items.map(|items| rserpool_wire::HandleResolutionOption { items }),
+        });
+        let bytes = codec.encode(&m).unwrap();
+        prop_assert!(peek_agrees(&codec, &bytes)?, "not peeked: {:02x?}", bytes);
+        // Without the message's padding, as a sender may leave it.
+        let length = usize::from(u16::from_be_bytes([bytes[2], bytes[3]]));
+        prop_assert!(peek_agrees(&codec, &bytes[..length])?);
+    }
+
+    /// Damaged handle resolutions and any other message: the peek accepts nothing the decoder
+    /// would read differently.
+    #[test]
+    fn the_peek_never_disagrees_with_the_decoder(
+        m in asap_message(LifeUnit::Milliseconds),
+        handle in pool_handle(),
+        items in any::<u32>(),
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 0..4),
+        tight in any::<bool>(),
+    ) {
+        let codec = if tight {
+            Codec::new(CodecConfig { max_pool_handle_size: 4, max_message_size: 16, ..CodecConfig::default() })
+        } else {
+            Codec::default()
+        };
+        let resolution = AsapMessage::HandleResolution(rserpool_wire::asap::HandleResolution {
+            subscribe: false,
+            pool_handle: handle,
+            option: Some(rserpool_wire::HandleResolutionOption { items }),
+        });
+        for message in [m, resolution] {
+            let Ok(mut b) = Codec::default().encode(&message) else { continue };
+            for &(pos, kind, value) in &edits {
+                if b.is_empty() {
+                    break;
+                }
+                let i = pos % b.len();
+                match kind % 4 {
+                    0 => b[i] = value,
+                    1 => b[i] ^= 1 << (value % 8),
+                    2 => b.truncate(i),
+                    _ => b.insert(i, value),
+                }
+            }
+            peek_agrees(&codec, &b)?;
+        }
     }
 }
