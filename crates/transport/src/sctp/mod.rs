@@ -78,6 +78,7 @@ mod other {
 #[cfg(target_os = "linux")]
 mod linux {
     use super::sys::{self, addr_state, assoc_state, Notification};
+    use crate::arena::MessageArena;
     use crate::config::{Limits, SctpConfig};
     use crate::endpoint::{
         Assoc, AssocState, AssociationId, AssociationKind, Backend, DownReason, Event, PathState,
@@ -378,6 +379,8 @@ mod linux {
         partial: FxHashMap<i32, BytesMut>,
         /// Associations whose peer sent SHUTDOWN.
         peer_shutdown: rustc_hash::FxHashSet<i32>,
+        /// Whole messages are copied out of the receive buffers into shared chunks.
+        arena: MessageArena,
     }
 
     /// Messages taken from the socket with one system call.
@@ -391,6 +394,7 @@ mod linux {
             sock: sock.clone(),
             partial: FxHashMap::default(),
             peer_shutdown: Default::default(),
+            arena: MessageArena::default(),
         };
         loop {
             let got = sock
@@ -460,7 +464,7 @@ mod linux {
                 p.extend_from_slice(bytes);
                 p.freeze()
             } else {
-                Bytes::copy_from_slice(bytes)
+                self.arena.copy(bytes)
             };
             if matches!(self.shared.state(id), Some(AssocState::Aborting) | None) {
                 return;
