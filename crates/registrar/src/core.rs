@@ -10,16 +10,18 @@ use crate::config::{AddressScope, Profile, RegistrarConfig};
 use crate::encoded_pes::EncodedPes;
 use crate::metrics::{Metrics, RateLimited, RemovalCause};
 use crate::rate::TokenBucket;
+use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rserpool_handlespace::{
     AssociationId, EntryId, Handlespace, RemovedElement, Selection, TimerKind,
 };
+use rserpool_transport::arena::MessageArena;
 use rserpool_wire::asap::{self, AsapMessage, HandleResolutionRef};
 use rserpool_wire::{
-    CauseCode, Codec, DecodeError, ErrorCause, HandleResolutionOption, Message, OperationError,
-    PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId, RegistrationLife,
-    TransportAddress, TransportProtocol, TransportUse, UserTransport,
+    CauseCode, Codec, DecodeError, EncodeError, ErrorCause, HandleResolutionOption, Message,
+    OperationError, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
+    RegistrationLife, TransportAddress, TransportProtocol, TransportUse, UserTransport,
 };
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -67,7 +69,38 @@ pub struct Transmit {
     /// SCTP payload protocol identifier (11 for ASAP).
     pub ppid: u32,
     /// The encoded message.
-    pub bytes: Vec<u8>,
+    pub bytes: Bytes,
+}
+
+/// Messages waiting to be sent, each encoded into a reused buffer and then copied into a
+/// shared chunk (no allocation per message).
+#[derive(Debug, Default)]
+struct Outgoing {
+    queue: VecDeque<Transmit>,
+    scratch: Vec<u8>,
+    arena: MessageArena,
+}
+
+impl Outgoing {
+    /// Queues what `encode` appends to an empty buffer; nothing if it fails (then `false`). Every message the
+    /// core builds is valid by construction, so encoding only fails on limits set below what a
+    /// response needs, which the peer sees as a missing answer.
+    fn push(
+        &mut self,
+        destination: Destination,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+    ) -> bool {
+        self.scratch.clear();
+        if encode(&mut self.scratch).is_err() {
+            return false;
+        }
+        self.queue.push_back(Transmit {
+            destination,
+            ppid: Protocol::Asap.ppid(),
+            bytes: self.arena.copy(&self.scratch),
+        });
+        true
+    }
 }
 
 /// What happened, for logs and tests. Metrics count the same facts in [`Metrics`].
@@ -194,7 +227,7 @@ pub struct Registrar {
     rng: StdRng,
     /// Keyed by the transport's association ids, never by peers' input: a fast hash is safe.
     associations: FxHashMap<AssociationId, Association>,
-    transmits: VecDeque<Transmit>,
+    transmits: Outgoing,
     events: VecDeque<RegistrarEvent>,
     metrics: Metrics,
     next_announce: Option<Duration>,
@@ -202,13 +235,6 @@ pub struct Registrar {
     /// Reused by handle resolutions that are not reported.
     selection: Selection,
     encoded_pes: EncodedPes,
-}
-
-/// Sends an encoded message or, if it cannot be encoded (a bug), reports nothing: every message
-/// the core builds is valid by construction, so encoding errors only come from limits set below
-/// what a response needs, which the caller sees as a missing answer.
-fn encode(codec: &Codec, m: &AsapMessage) -> Option<Vec<u8>> {
-    codec.encode(m).ok()
 }
 
 impl Registrar {
@@ -230,7 +256,7 @@ impl Registrar {
             id,
             rng,
             associations: FxHashMap::default(),
-            transmits: VecDeque::new(),
+            transmits: Outgoing::default(),
             events: VecDeque::new(),
             metrics: Metrics::default(),
             next_announce,
@@ -268,7 +294,7 @@ impl Registrar {
 
     /// The next message to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        self.transmits.queue.pop_front()
     }
 
     /// The next report, if any.
@@ -396,12 +422,11 @@ impl Registrar {
                     server_id: self.id,
                     transports: announce.transports.clone(),
                 });
-                if let Some(bytes) = encode(&self.codec, &m) {
-                    self.transmits.push_back(Transmit {
-                        destination: Destination::Announce,
-                        ppid: Protocol::Asap.ppid(),
-                        bytes,
-                    });
+                let codec = &self.codec;
+                if self
+                    .transmits
+                    .push(Destination::Announce, |buf| codec.encode_into(&m, buf))
+                {
                     self.metrics.announces_sent += 1;
                 }
                 // RFC 5352 §3.6: with N peers heard, each registrar announces every (N+1)·T6.
@@ -421,13 +446,11 @@ impl Registrar {
     }
 
     fn send(&mut self, association: AssociationId, m: &AsapMessage) {
-        if let Some(bytes) = encode(&self.codec, m) {
-            self.transmits.push_back(Transmit {
-                destination: Destination::Association(association),
-                ppid: Protocol::Asap.ppid(),
-                bytes,
+        let codec = &self.codec;
+        self.transmits
+            .push(Destination::Association(association), |buf| {
+                codec.encode_into(m, buf)
             });
-        }
     }
 
     fn send_error(&mut self, association: AssociationId, cause: ErrorCause) {
@@ -742,23 +765,16 @@ impl Registrar {
                 .filter_map(|s| self.encoded_pes.get(s.entry));
             // The pool's policy, carried with the first selected PE's values as RSPLIB does.
             let overall_policy = selection.elements.first().map(|s| &s.policy);
-            let mut bytes = Vec::with_capacity(256);
-            if self
-                .codec
-                .encode_handle_resolution_response(
-                    h.pool_handle,
-                    overall_policy,
-                    pool_elements,
-                    &mut bytes,
-                )
-                .is_ok()
-            {
-                self.transmits.push_back(Transmit {
-                    destination: Destination::Association(association),
-                    ppid: Protocol::Asap.ppid(),
-                    bytes,
+            let codec = &self.codec;
+            self.transmits
+                .push(Destination::Association(association), |buf| {
+                    codec.encode_handle_resolution_response(
+                        h.pool_handle,
+                        overall_policy,
+                        pool_elements,
+                        buf,
+                    )
                 });
-            }
         } else {
             self.metrics.resolutions_unknown_pool += 1;
             self.send(

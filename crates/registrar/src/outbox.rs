@@ -37,8 +37,7 @@ impl Outbox {
     }
 
     /// Queues a message behind the association's earlier ones.
-    pub(crate) fn push(&mut self, to: AssociationId, ppid: u32, bytes: Vec<u8>) {
-        let bytes = Bytes::from(bytes);
+    pub(crate) fn push(&mut self, to: AssociationId, ppid: u32, bytes: Bytes) {
         let q = self.queues.entry(to).or_default();
         if q.len() >= self.limit {
             self.dropped += 1;
@@ -143,7 +142,7 @@ mod tests {
         let mut outbox = Outbox::new(8);
         let gone = AssociationId(42);
         for _ in 0..3 {
-            outbox.push(gone, 11, vec![0; 8]);
+            outbox.push(gone, 11, Bytes::from(vec![0; 8]));
         }
         assert_eq!(outbox.held(), 3);
         outbox.send(&endpoint.handle()).await;
@@ -159,7 +158,7 @@ mod tests {
             .unwrap();
         let mut outbox = Outbox::new(2);
         for _ in 0..5 {
-            outbox.push(AssociationId(7), 11, vec![0; 8]);
+            outbox.push(AssociationId(7), 11, Bytes::from(vec![0; 8]));
         }
         assert_eq!((outbox.held(), outbox.dropped()), (2, 3));
         outbox.forget(AssociationId(7));
