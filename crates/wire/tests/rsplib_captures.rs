@@ -155,3 +155,32 @@ fn captures_cover_every_message_type_rsplib_sent() {
     assert_eq!(asap.len(), 9, "ASAP types seen: {asap:?}");
     assert_eq!(enrp.len(), 8, "ENRP types seen: {enrp:?}");
 }
+
+#[test]
+fn every_rsplib_handle_resolution_is_read_in_place_as_decoded() {
+    let codec = Codec::default();
+    let mut peeked = 0;
+    for pcap in ["rsplib-asap-enrp.pcap", "rsplib-takeover.pcap"] {
+        for m in read_pcap(&std::fs::read(data(pcap)).unwrap()).unwrap() {
+            if m.protocol != Protocol::Asap {
+                continue;
+            }
+            let decoded = codec.decode::<AsapMessage>(&m.bytes).unwrap().message;
+            match (&decoded, codec.peek_handle_resolution(&m.bytes)) {
+                (AsapMessage::HandleResolution(h), Some(p)) => {
+                    assert_eq!(h.as_ref(), p, "{pcap} frame {}", m.frame);
+                    peeked += 1;
+                }
+                (AsapMessage::HandleResolution(_), None) => {
+                    panic!(
+                        "{pcap} frame {}: RSPLIB's request not read in place",
+                        m.frame
+                    )
+                }
+                (other, Some(_)) => panic!("{pcap} frame {}: {other:?} peeked", m.frame),
+                (_, None) => {}
+            }
+        }
+    }
+    assert!(peeked > 0, "the captures hold handle resolutions");
+}
