@@ -82,9 +82,9 @@ struct Outgoing {
 }
 
 impl Outgoing {
-    /// Queues what `encode` appends to an empty buffer; nothing if it fails (then `false`). Every message the
-    /// core builds is valid by construction, so encoding only fails on limits set below what a
-    /// response needs, which the peer sees as a missing answer.
+    /// Queues what `encode` appends to an empty buffer; nothing if it fails (then `false`).
+    /// Every message the core builds is valid by construction, so encoding only fails on limits
+    /// set below what a response needs, which the peer sees as a missing answer.
     fn push(
         &mut self,
         destination: Destination,

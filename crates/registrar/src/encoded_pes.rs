@@ -15,15 +15,22 @@ pub(crate) struct EncodedPes {
 
 impl EncodedPes {
     /// Makes sure the PE's current values are encoded (encoding them if it has changed since).
+    /// If they cannot be encoded, nothing is kept for it: [`EncodedPes::get`] never returns
+    /// values older than the entry's.
     pub fn refresh(&mut self, codec: &Codec, pe: PoolElementRef<'_>) -> Result<(), EncodeError> {
         let revision = pe.revision();
         match self.by_entry.get(&pe.entry_id()) {
             Some((r, _)) if *r == revision => Ok(()),
-            _ => {
-                let encoded = codec.encode_pool_element_for_users(pe.element())?;
-                self.by_entry.insert(pe.entry_id(), (revision, encoded));
-                Ok(())
-            }
+            _ => match codec.encode_pool_element_for_users(pe.element()) {
+                Ok(encoded) => {
+                    self.by_entry.insert(pe.entry_id(), (revision, encoded));
+                    Ok(())
+                }
+                Err(e) => {
+                    self.by_entry.remove(&pe.entry_id());
+                    Err(e)
+                }
+            },
         }
     }
 
@@ -91,6 +98,14 @@ mod tests {
         );
         cache.refresh(&codec, hs.get(entry).unwrap()).unwrap();
         assert_eq!(cache.get(entry), Some(&expect(&pe(1, 99))));
+
+        // Values that cannot be encoded (a life beyond what milliseconds hold) leave nothing
+        // behind rather than the old bytes.
+        let mut too_long = pe(1, 99);
+        too_long.registration_life = RegistrationLife::Finite(Duration::from_secs(10_000_000));
+        hs.register(&pool, too_long, None, at).unwrap();
+        assert!(cache.refresh(&codec, hs.get(entry).unwrap()).is_err());
+        assert_eq!(cache.get(entry), None);
 
         // A removed PE's slot reused by another PE never yields the old bytes.
         hs.remove(entry).unwrap();
