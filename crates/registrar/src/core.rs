@@ -151,7 +151,8 @@ pub enum RegistrarEvent {
         /// Why.
         cause: RemovalCause,
     },
-    /// A handle resolution was answered.
+    /// A handle resolution was answered (reported only with
+    /// [`RegistrarConfig::report_resolutions`]; the metrics count every one).
     HandleResolution {
         /// Asking association.
         association: AssociationId,
