@@ -723,16 +723,7 @@ impl Registrar {
                 association,
                 what: RateLimited::HandleResolution,
             });
-            self.send(
-                association,
-                &AsapMessage::HandleResolutionResponse(asap::HandleResolutionResponse {
-                    accepted: false,
-                    pool_handle: PoolHandle::from(h.pool_handle),
-                    overall_policy: None,
-                    pool_elements: Vec::new(),
-                    error: Some(OperationError::new(CauseCode::RejectedSecurity)),
-                }),
-            );
+            self.refuse_resolution(association, h.pool_handle, CauseCode::RejectedSecurity);
             return;
         }
         // Items 0 or no option: the default; 0xffffffff: as many as allowed (RSPLIB's reading
@@ -778,16 +769,7 @@ impl Registrar {
                 });
         } else {
             self.metrics.resolutions_unknown_pool += 1;
-            self.send(
-                association,
-                &AsapMessage::HandleResolutionResponse(asap::HandleResolutionResponse {
-                    accepted: false,
-                    pool_handle: PoolHandle::from(h.pool_handle),
-                    overall_policy: None,
-                    pool_elements: Vec::new(),
-                    error: Some(OperationError::new(CauseCode::UnknownPoolHandle)),
-                }),
-            );
+            self.refuse_resolution(association, h.pool_handle, CauseCode::UnknownPoolHandle);
         }
         if self.config.report_resolutions {
             self.events.push_back(RegistrarEvent::HandleResolution {
@@ -798,6 +780,25 @@ impl Registrar {
         } else {
             self.selection = selection;
         }
+    }
+
+    /// A negative HANDLE_RESOLUTION_RESPONSE: no PEs, and why (RFC 5352 §2.2.6).
+    fn refuse_resolution(
+        &mut self,
+        association: AssociationId,
+        pool_handle: &[u8],
+        cause: CauseCode,
+    ) {
+        self.send(
+            association,
+            &AsapMessage::HandleResolutionResponse(asap::HandleResolutionResponse {
+                accepted: false,
+                pool_handle: PoolHandle::from(pool_handle),
+                overall_policy: None,
+                pool_elements: Vec::new(),
+                error: Some(OperationError::new(cause)),
+            }),
+        );
     }
 
     fn send_keep_alive(&mut self, now: Duration, entry: EntryId) {
