@@ -21,7 +21,6 @@ removal_time() {   # removal_time PE_ID -> seconds since the epoch
     [ -n "$ts" ] && date -d "$ts" +%s.%N
 }
 
-say "guest: $(uname -sr), SCTP $(test -d /proc/sys/net/sctp && echo loaded || echo MISSING), $(dpkg-query -W -f='rsplib ${Version}' rsplib-tools 2>/dev/null)"
 
 "$RSERPOOL_BIN" registrar --transport sctp --asap 127.0.0.1:3863 --asap-announce off \
     --metrics 127.0.0.1:9100 --identifier 0x5e5e0001 \
