@@ -30,8 +30,9 @@ pub struct RegistrarArgs {
     /// or `tcp`. [default: auto]
     #[arg(long, value_parser = ["auto", "sctp", "tcp"])]
     pub transport: Option<String>,
-    /// ASAP address to listen on (repeat for SCTP multi-homing; one port for all).
-    /// [default: 0.0.0.0:3863]
+    /// ASAP address to listen on (repeat for SCTP multi-homing; one port for all). The default
+    /// serves this host only; `--asap 0.0.0.0:3863` serves every interface.
+    /// [default: 127.0.0.1:3863]
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
     pub asap: Vec<SocketAddr>,
@@ -40,13 +41,15 @@ pub struct RegistrarArgs {
     #[serde(default)]
     pub plain_tcp: Vec<SocketAddr>,
     /// Server announces: `auto` (the profile's group: 239.0.0.50:3863 for rsplib,
-    /// 224.0.1.185:3863 for rfc), `off`, or a group ADDR:PORT. [default: auto]
+    /// 224.0.1.185:3863 for rfc), `off`, or a group ADDR:PORT. They go out on the interfaces of
+    /// the `--asap` addresses only (loopback for 127.0.0.1). [default: auto]
     #[arg(long, value_name = "auto|off|ADDR:PORT")]
     pub asap_announce: Option<String>,
-    /// Interface (its IPv4 address) announces go out on. [default: chosen by the kernel]
+    /// Interface (its IPv4 address) announces go out on. [default: the interfaces of the
+    /// `--asap` addresses]
     #[arg(long, value_name = "IPV4")]
     pub announce_interface: Option<std::net::Ipv4Addr>,
-    /// TTL of announces. [default: 30]
+    /// TTL of announces; 1 keeps them on the local link (RSPLIB uses 30). [default: 1]
     #[arg(long)]
     pub announce_ttl: Option<u32>,
     /// Announce cycle T6 in ms. [default: 1000]
@@ -79,8 +82,9 @@ pub struct RegistrarArgs {
     /// Per-client ENDPOINT_UNREACHABLE reports per second; 0 = unlimited. [default: 10]
     #[arg(long, value_name = "RATE")]
     pub max_eu_rate: Option<f64>,
-    /// Narrowest address scope accepted from PEs: loopback, link-local, site-local, global.
-    /// [default: site-local]
+    /// Narrowest address scope accepted from PEs: any, loopback, link-local, site-local,
+    /// global. [default: loopback when every --asap address is a loopback address (PEs on this
+    /// host), else site-local as in RSPLIB]
     #[arg(long, value_parser = ["any", "loopback", "link-local", "site-local", "global"])]
     pub min_address_scope: Option<String>,
     /// Most associations (PEs and PUs) at once. [default: 10000]
@@ -301,6 +305,13 @@ impl RegistrarArgs {
             }
             config.asap_listen = a.asap;
         }
+        if a.min_address_scope.is_none()
+            && config.asap_listen.iter().all(|l| l.ip().is_loopback())
+        {
+            // A registrar only this host can reach serves PEs of this host: their addresses are
+            // loopback addresses, which RSPLIB's site-local default would refuse.
+            config.core.min_address_scope = AddressScope::Loopback;
+        }
         config.plain_tcp_listen = a.plain_tcp;
         config.announce_interface = a.announce_interface;
         if let Some(ttl) = a.announce_ttl {
@@ -384,8 +395,20 @@ mod tests {
         assert_eq!(c.core.keep_alive_interval, Duration::from_secs(5));
         assert_eq!(
             c.asap_listen,
-            vec!["0.0.0.0:3863".parse::<SocketAddr>().unwrap()]
+            vec!["127.0.0.1:3863".parse::<SocketAddr>().unwrap()],
+            "nothing beyond the host unless asked"
         );
+        assert_eq!(c.announce_ttl, 1);
+        assert_eq!(
+            c.core.min_address_scope,
+            AddressScope::Loopback,
+            "a registrar on loopback accepts the PEs of its host"
+        );
+        let c = parse(&["--asap", "0.0.0.0:3863"]).into_config().unwrap();
+        assert_eq!(c.core.min_address_scope, AddressScope::SiteLocal, "RSPLIB's default");
+        let c = parse(&["--min-address-scope", "global"]).into_config().unwrap();
+        assert_eq!(c.core.min_address_scope, AddressScope::Global, "as asked");
+        assert_eq!(c.announce_interface, None, "the listening addresses' interfaces");
         let c = parse(&["--profile", "rfc"]).into_config().unwrap();
         assert_eq!(
             c.core.codec.registration_life_unit,
