@@ -406,7 +406,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 }
             }
         }
-        println!(
+        outln!(
             "setup: {accepted} of {} PEs registered in pool {} at {} over {} ({} refused) in {:.2} s",
             args.pes,
             args.pool,
@@ -428,14 +428,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Workload::Resolve => "handle resolutions",
                 Workload::Register => "registrations",
             };
-            println!(
+            outln!(
                 "{name}: {rate:.0}/s ({} associations × {} outstanding, {:.1} s; {bad} unexpected answers)",
                 args.associations, args.window, args.seconds
             );
             if let Some((cpu, n)) = cpu {
                 let used = cpu.total();
                 let per_cpu_second = n as f64 / used.as_secs_f64().max(0.01);
-                println!(
+                outln!(
                     "{name} per registrar CPU-second: {per_cpu_second:.0} (registrar used {:.2} s of CPU in {:.1} s, {:.0}% of a core; {:.0}% of it in the kernel)",
                     used.as_secs_f64(),
                     args.seconds,

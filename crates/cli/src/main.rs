@@ -1,5 +1,16 @@
 //! `rserpool`: the command-line entry point of the project.
 
+/// `println!` for command output: when stdout is a closed pipe (`rserpool decode | head`) the
+/// program ends quietly with success, as Unix tools do, instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::print_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod decode;
 mod demo;
@@ -35,6 +46,24 @@ enum Command {
     Decode(decode::DecodeArgs),
     /// Load a registrar (rserpool's or RSPLIB's) with handle resolutions and registrations.
     Bench(bench::BenchArgs),
+}
+
+/// Writes one line to stdout; on a closed pipe exits with success and without a word, on any
+/// other write error exits with failure and says why.
+pub(crate) fn print_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+    {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("rserpool: writing to stdout: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// Resolves when SIGINT or SIGTERM arrives.

@@ -347,7 +347,7 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
             r = &mut serve => return r.context("registrar"),
             started = started_rx => {
                 if let Ok(s) = started {
-                    println!(
+                    outln!(
                         "registrar {} serving ASAP over {} on {:?}{}{}",
                         s.registrar_id,
                         s.transport,

@@ -92,7 +92,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
             }
             e => anyhow!("pool {pool}: {e}"),
         })?;
-        println!(
+        outln!(
             "pool {}: {} PE(s) selected by the registrar{}",
             r.pool_handle,
             r.pool_elements.len(),
@@ -102,7 +102,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
                 .unwrap_or_default()
         );
         for (i, pe) in r.pool_elements.iter().enumerate() {
-            println!(
+            outln!(
                 "  {}. PE {} home registrar {}: {} — {}",
                 i + 1,
                 pe.id,
@@ -111,7 +111,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
                 pe.policy
             );
         }
-        println!("(selected, not checked: the PEs were not contacted)");
+        outln!("(selected, not checked: the PEs were not contacted)");
         Ok(())
     })
 }

@@ -77,3 +77,95 @@ fn bad_input_gets_a_clear_error() {
     assert!(!ok);
     assert!(err.contains("pool.members"), "{err}");
 }
+
+/// A `rserpool registrar` on 127.0.0.1 (a free port, announces off) with the banner's ASAP
+/// address; killed when dropped.
+struct Registrar {
+    child: std::process::Child,
+    asap: String,
+}
+
+impl Registrar {
+    fn start(extra: &[&str]) -> Registrar {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rserpool"))
+            .args(["registrar", "--asap", "127.0.0.1:0"])
+            .args(["--asap-announce", "off"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the registrar starts");
+        let mut banner = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut banner)
+            .unwrap();
+        let asap = banner
+            .split("on [")
+            .nth(1)
+            .and_then(|r| r.split(']').next())
+            .unwrap_or_else(|| panic!("no ASAP address in the banner {banner:?}"))
+            .to_string();
+        Registrar { child, asap }
+    }
+}
+
+impl Drop for Registrar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn bench_with_its_defaults_registers_with_a_registrar_on_loopback() {
+    let r = Registrar::start(&[]);
+    let (ok, out, err) = rserpool(&[
+        "bench",
+        "--registrar",
+        &r.asap,
+        "--pes",
+        "20",
+        "--seconds",
+        "0.2",
+        "--workloads",
+        "resolve",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("setup: 20 of 20 PEs registered"), "{out}");
+}
+
+#[test]
+fn a_refused_registration_names_the_scope_and_the_setting() {
+    let r = Registrar::start(&["--min-address-scope", "site-local"]);
+    let (ok, out, err) = rserpool(&[
+        "bench",
+        "--registrar",
+        &r.asap,
+        "--pes",
+        "2",
+        "--seconds",
+        "0.2",
+    ]);
+    assert!(!ok, "{out}\n{err}");
+    assert!(out.contains("0 of 2 PEs registered"), "{out}");
+    assert!(err.contains("min-address-scope"), "{err}");
+}
+
+#[test]
+fn printing_commands_end_quietly_on_a_closed_pipe() {
+    for args in [&["decode"][..], &["decode", "--verbose", "--hex"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rserpool"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the reading end before the first line is written: `rserpool decode | head -0`.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}\n{err}", out.status);
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+}
