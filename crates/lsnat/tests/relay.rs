@@ -788,3 +788,80 @@ async fn udp_datagrams_refused_by_the_member_end_the_flow_as_connect_failed() {
     assert_eq!(member_state(&st, closed), "dead");
     gw.shutdown().await;
 }
+
+/// The value of the first metrics line that starts with `prefix` (any metric prefix).
+fn metric(text: &str, name_and_labels: &str) -> u64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            name.ends_with(name_and_labels).then(|| value.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no metric {name_and_labels} in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_receipts_count_every_byte_of_short_and_long_flows() {
+    let echo = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let member = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        while let Ok((n, from)) = echo.recv_from(&mut buf).await {
+            let _ = echo.send_to(&buf[..n], from).await;
+        }
+    });
+    // Idle timer 400 ms, so reports go every 50 ms: the long flow spans many reports, the short
+    // ones end before their first report.
+    let gw = gateway(
+        &[member],
+        "[health]\nprobe = \"none\"\n[timers]\nudp = \"400ms\"\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Udp).unwrap();
+    let mut expected = Vec::new();
+    // Two short flows (one datagram, then three), one long one (2 180 bytes over ~1 s).
+    let flows: [Vec<usize>; 3] = [
+        vec![100],
+        vec![700, 500, 500],
+        (0..40).map(|i| 40 + (i * 7) % 30).collect(),
+    ];
+    for sizes in &flows {
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut total = 0u64;
+        for (i, &n) in sizes.iter().enumerate() {
+            let msg = vec![b'a' + (i % 26) as u8; n];
+            c.send_to(&msg, vip).await.unwrap();
+            let mut buf = [0u8; 4096];
+            let (got, _) = tokio::time::timeout(Duration::from_secs(5), c.recv_from(&mut buf))
+                .await
+                .expect("udp echo through the gateway")
+                .unwrap();
+            assert_eq!(got, n);
+            total += n as u64;
+            if sizes.len() > 10 {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+        expected.push((c.local_addr().unwrap(), total));
+    }
+    wait_until("every flow to idle out", || {
+        gw.status().active_sessions == 0
+    })
+    .await;
+    let st = gw.status();
+    for (client, total) in &expected {
+        let r = st
+            .recent_outcomes
+            .iter()
+            .find(|r| r.client == *client)
+            .expect("a receipt per flow");
+        assert_eq!(r.bytes_to_member, *total, "client to member, {client}");
+        assert_eq!(r.bytes_to_client, *total, "member to client, {client}");
+    }
+    let sum: u64 = expected.iter().map(|(_, t)| t).sum();
+    assert_eq!(sum, 100 + 1700 + flows[2].iter().sum::<usize>() as u64);
+    let m = gw.metrics();
+    assert_eq!(metric(&m, "bytes_total{direction=\"to_member\"}"), sum);
+    assert_eq!(metric(&m, "bytes_total{direction=\"to_client\"}"), sum);
+    gw.shutdown().await;
+}
