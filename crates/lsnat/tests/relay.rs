@@ -152,7 +152,7 @@ fn config(members: &[SocketAddr], extra: &str) -> Config {
         .map(|a| format!("{{ address = \"{a}\" }}"))
         .collect();
     let text = format!(
-        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"udp\"\n[status]\naddress = \"127.0.0.1:0\"\n[pool]\nmembers = [{}]\n{extra}",
+        "metrics = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"udp\"\n[pool]\nmembers = [{}]\n{extra}",
         list.join(", ")
     );
     Config::from_toml(&text, "test", &Overrides::default()).unwrap()
@@ -216,7 +216,7 @@ async fn bulk_transfers_arrive_intact_and_counted_with_and_without_splice() {
         let gw = gateway(
             &[a.addr],
             &format!(
-                "[health]\nprobe = \"none\"\n[runtime]\nsplice = {splice}\nbuffer_size = 4096\n"
+                "[health]\nprobe = \"none\"\n[runtime]\nsplice = {splice}\nbuffer-size = 4096\n"
             ),
         )
         .await;
@@ -291,12 +291,12 @@ async fn tcp_relay_case(extra: &str) {
     let m = gw.metrics();
     assert!(
         m.contains(&format!(
-            "lsnat_member_reached_total{{member=\"{}\"}} 2",
+            "rserpool_lsnat_member_reached_total{{member=\"{}\"}} 2",
             a.addr
         )),
         "{m}"
     );
-    assert!(m.contains("lsnat_outcomes_total{outcome=\"closed\"} 4"));
+    assert!(m.contains("rserpool_lsnat_outcomes_total{outcome=\"closed\"} 4"));
     gw.shutdown().await;
 }
 
@@ -382,11 +382,11 @@ async fn udp_flows_bind_per_client_and_end_by_idle_timer() {
         .unwrap()
         .unwrap();
     assert_eq!(&buf[..n], b"again");
-    assert!(gw.metrics().contains("lsnat_sessions_opened_total 3"));
+    assert!(gw.metrics().contains("rserpool_lsnat_sessions_opened_total 3"));
     gw.shutdown().await;
 }
 
-const FAST_PROBES: &str = "[health]\ninterval = \"100ms\"\ntimeout = \"300ms\"\nfall = 2\nrise = 2\nslow_start = \"500ms\"\nsend = \"ping\\n\"\nexpect = \"ping\"\n";
+const FAST_PROBES: &str = "[health]\ninterval = \"100ms\"\ntimeout = \"300ms\"\nfall = 2\nrise = 2\nslow-start = \"500ms\"\nsend = \"ping\\n\"\nexpect = \"ping\"\n";
 
 /// Connects until a session lands on `target`; returns that connection (echo checked).
 async fn session_on(gw: &Running, target: SocketAddr) -> TcpStream {
@@ -464,7 +464,7 @@ async fn killed_member_gets_no_new_bindings_and_its_sessions_are_lost() {
     let m = gw.metrics();
     assert!(
         m.contains(&format!(
-            "lsnat_member_outcomes_total{{member=\"{}\",outcome=\"member_lost\"}} 1",
+            "rserpool_lsnat_member_outcomes_total{{member=\"{}\",outcome=\"member_lost\"}} 1",
             child.addr
         )),
         "{m}"
@@ -531,7 +531,7 @@ async fn stopped_member_is_judged_dead_then_returns_with_slow_start() {
     let transitions = gw.metrics();
     assert!(
         transitions.contains(&format!(
-            "lsnat_member_transitions_total{{member=\"{}\",to=\"probation\"}} 1",
+            "rserpool_lsnat_member_transitions_total{{member=\"{}\",to=\"probation\"}} 1",
             child.addr
         )),
         "{transitions}"
@@ -579,7 +579,7 @@ async fn sessions_over_the_limit_are_refused_and_counted() {
     let a = echo().await;
     let gw = gateway(
         &[a.addr],
-        "[health]\nprobe = \"none\"\n[limits]\nmax_sessions = 2\n",
+        "[health]\nprobe = \"none\"\n[limits]\nmax-sessions = 2\n",
     )
     .await;
     let vip = gw.listener(Protocol::Tcp).unwrap();
@@ -600,7 +600,7 @@ async fn sessions_over_the_limit_are_refused_and_counted() {
     wait_until("the refusal", || gw.status().recent_outcomes.len() == 1).await;
     let m = gw.metrics();
     assert!(
-        m.contains("lsnat_refused_total{reason=\"max_sessions\"} 1"),
+        m.contains("rserpool_lsnat_refused_total{reason=\"max_sessions\"} 1"),
         "{m}"
     );
     let st = gw.status();
@@ -679,14 +679,18 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
         a.addr.to_string()
     );
     assert_eq!(v["members"][0]["state"], "alive");
+    // Documented fields, plain values: a cost is a number (or "unreachable").
+    assert_eq!(v["members"][0]["cost"], 0, "{}", v["members"][0]);
+    let health = get(http, "/healthz").await;
+    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
     let metrics = get(http, "/metrics").await;
     assert!(metrics.contains("text/plain; version=0.0.4"));
     for family in [
-        "lsnat_member_selected_total",
-        "lsnat_member_bound_total",
-        "lsnat_member_reached_total",
-        "lsnat_outcomes_total",
-        "lsnat_refused_total",
+        "rserpool_lsnat_member_selected_total",
+        "rserpool_lsnat_member_bound_total",
+        "rserpool_lsnat_member_reached_total",
+        "rserpool_lsnat_outcomes_total",
+        "rserpool_lsnat_refused_total",
     ] {
         assert!(metrics.contains(&format!("# TYPE {family}")), "{family}");
     }
@@ -699,7 +703,7 @@ async fn idle_tcp_session_is_closed_by_its_timer() {
     let a = echo().await;
     let gw = gateway(
         &[a.addr],
-        "[health]\nprobe = \"none\"\n[timers]\ntcp_established = \"300ms\"\n",
+        "[health]\nprobe = \"none\"\n[timers]\ntcp-established = \"300ms\"\n",
     )
     .await;
     let vip = gw.listener(Protocol::Tcp).unwrap();

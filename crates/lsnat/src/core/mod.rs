@@ -1030,7 +1030,7 @@ impl Gateway {
                 tracing::debug!(session = %id, client = %s.flow.client, member = key, outcome = outcome.name(), "session ended")
             }
             _ => {
-                tracing::info!(session = %id, client = %s.flow.client, member = key, outcome = ?outcome, "session ended")
+                tracing::info!(session = %id, client = %s.flow.client, member = key, outcome = %outcome, "session ended")
             }
         }
         let linger = matches!(outcome, Outcome::Reset { .. })
@@ -1135,7 +1135,7 @@ impl Gateway {
         let Some(t) = m.liveness.observe(now, ev, &params) else {
             return;
         };
-        self.transitioned(now, member, t, &format!("{copy:?}"));
+        self.transitioned(now, member, t, &copy.to_string());
     }
 
     fn transitioned(&mut self, now: Time, member: MemberId, t: member::Transition, why: &str) {

@@ -50,7 +50,7 @@ pub(crate) async fn probe_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bo
 pub(crate) async fn probe(cfg: &ProbeConfig, target: SocketAddr) -> Result<(), String> {
     match tokio::time::timeout(cfg.timeout, probe_inner(cfg, target)).await {
         Ok(r) => r,
-        Err(_) => Err(format!("timed out after {:?}", cfg.timeout)),
+        Err(_) => Err(format!("timed out after {}", crate::human(cfg.timeout))),
     }
 }
 
