@@ -16,8 +16,9 @@ mod decode;
 mod demo;
 mod registrar;
 mod resolve;
+mod units;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Reliable Server Pooling (RFC 5351–5356) in Rust.
@@ -90,8 +91,23 @@ pub(crate) async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// The command line, with negative numbers let through to the value parsers: `--max-eu-rate -3`
+/// is then refused naming the flag and the value, not as "unexpected argument '-3'".
+fn parse_command_line() -> Cli {
+    let command = Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|arg| {
+            if arg.get_action().takes_values() && !arg.is_positional() {
+                arg.allow_negative_numbers(true)
+            } else {
+                arg
+            }
+        })
+    });
+    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_command_line();
     let daemon = matches!(cli.command, Command::Registrar(_) | Command::Lsnat(_));
     let log = cli
         .log

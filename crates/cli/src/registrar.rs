@@ -2,6 +2,7 @@
 //! `rspregistrar` option where one exists) and a key of the TOML file given with `--config`;
 //! flags win over the file, the file over the profile's defaults.
 
+use crate::units::DurationValue;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rserpool_registrar::driver::{run, DriverConfig};
@@ -13,13 +14,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Options of `rserpool registrar`. Times are in milliseconds, rates in requests per second.
+/// Options of `rserpool registrar`. Durations have units ("5s", "250ms"; a bare number is read
+/// in milliseconds, with a deprecation warning), rates are requests per second.
 #[derive(Args, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RegistrarArgs {
     /// TOML file with any of these options as keys (e.g. `asap = ["0.0.0.0:3863"]`,
     /// `max-bad-pe-reports = 3`); flags given on the command line take precedence.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short = 'c', value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Defaults and behaviours: `rsplib` (talks to RSPLIB 3.x) or `rfc` (the RFC text).
@@ -52,18 +54,18 @@ pub struct RegistrarArgs {
     /// TTL of announces; 1 keeps them on the local link (RSPLIB uses 30). [default: 1]
     #[arg(long)]
     pub announce_ttl: Option<u32>,
-    /// Announce cycle T6 in ms. [default: 1000]
-    #[arg(long, value_name = "MS")]
-    pub announce_interval: Option<u64>,
+    /// Announce cycle T6, e.g. "1s". [default: 1s]
+    #[arg(long, value_name = "DURATION")]
+    pub announce_interval: Option<DurationValue>,
     /// This registrar's 32-bit identifier, e.g. 0x1deea448. [default: random]
     #[arg(long, value_parser = parse_id)]
     pub identifier: Option<u32>,
-    /// Mean interval between ENDPOINT_KEEP_ALIVEs to a PE, in ms. [default: 5000]
-    #[arg(long, value_name = "MS")]
-    pub endpoint_keep_alive_transmission_interval: Option<u64>,
-    /// Time a PE has to answer a keep-alive before it is removed, in ms. [default: 5000]
-    #[arg(long, value_name = "MS")]
-    pub endpoint_keep_alive_timeout_interval: Option<u64>,
+    /// Mean interval between ENDPOINT_KEEP_ALIVEs to a PE, e.g. "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub endpoint_keep_alive_transmission_interval: Option<DurationValue>,
+    /// Time a PE has to answer a keep-alive before it is removed, e.g. "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub endpoint_keep_alive_timeout_interval: Option<DurationValue>,
     /// Keep-alive intervals are drawn from interval × (1 ± jitter). [default: 0.25]
     #[arg(long)]
     pub keep_alive_jitter: Option<f64>,
@@ -191,11 +193,14 @@ impl RegistrarArgs {
         if let Some(id) = a.identifier {
             core.registrar_id = RegistrarId(id);
         }
-        let ms = |name: &str, v: u64| -> Result<Duration> {
-            if v == 0 {
-                bail!("{name}: must be at least 1 ms");
+        let ms = |name: &str, v: DurationValue| -> Result<Duration> {
+            if let Some(w) = v.deprecation(name) {
+                tracing::warn!("{w}");
             }
-            Ok(Duration::from_millis(v))
+            if v.duration < Duration::from_millis(1) {
+                bail!("{name}: must be at least 1ms");
+            }
+            Ok(v.duration)
         };
         if let Some(v) = a.endpoint_keep_alive_transmission_interval {
             core.keep_alive_interval = ms("endpoint-keep-alive-transmission-interval", v)?;
@@ -226,6 +231,13 @@ impl RegistrarArgs {
                 bail!("max-hres-items-limit: must be at least 1");
             }
             core.max_handle_resolution_items = n;
+        }
+        if core.default_handle_resolution_items > core.max_handle_resolution_items {
+            bail!(
+                "max-hres-items: {} is above max-hres-items-limit ({}), the most one handle resolution returns; lower it or raise the limit",
+                core.default_handle_resolution_items,
+                core.max_handle_resolution_items
+            );
         }
         let rate = |name: &str, r: f64| -> Result<Option<RateLimit>> {
             if !r.is_finite() || r < 0.0 {
@@ -422,7 +434,7 @@ mod tests {
     fn file_values_apply_and_flags_win() {
         let c = with_file(
             "asap = [\"127.0.0.1:4000\"]\nmax-bad-pe-reports = 7\nidentifier = 305419896\nmax-hr-rate = 50.0\nmin-address-scope = \"loopback\"\nasap-announce = \"off\"\nmax-held-answers = 64\n",
-            &["--max-bad-pe-reports", "9", "--endpoint-keep-alive-timeout-interval", "1500"],
+            &["--max-bad-pe-reports", "9", "--endpoint-keep-alive-timeout-interval", "1500ms"],
         )
         .unwrap();
         assert_eq!(
@@ -462,5 +474,31 @@ mod tests {
                 .contains("/nonexistent/registrar.toml")
         );
         assert!(Cli::try_parse_from(["registrar", "--identifier", "0xZZ"]).is_err());
+        assert!(err(parse(&["--max-hres-items", "200"]).into_config())
+            .contains("max-hres-items: 200 is above max-hres-items-limit (128)"));
+        assert!(err(parse(&["--announce-interval", "0s"]).into_config())
+            .contains("announce-interval: must be at least 1ms"));
+        assert!(Cli::try_parse_from(["registrar", "--announce-interval", "soon"]).is_err());
+        assert!(err(with_file("endpoint-keep-alive-timeout-interval = \"5 parsecs\"\n", &[]))
+            .contains("endpoint-keep-alive-timeout-interval"));
+    }
+
+    #[test]
+    fn durations_have_units_and_bare_milliseconds_still_work() {
+        let c = with_file(
+            "endpoint-keep-alive-transmission-interval = \"2s\"\nendpoint-keep-alive-timeout-interval = 1500\nannounce-interval = \"250ms\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.core.keep_alive_interval, Duration::from_secs(2));
+        assert_eq!(c.core.keep_alive_timeout, Duration::from_millis(1500));
+        assert_eq!(
+            c.core.announce.as_ref().unwrap().interval,
+            Duration::from_millis(250)
+        );
+        let c = parse(&["--endpoint-keep-alive-transmission-interval", "1m"])
+            .into_config()
+            .unwrap();
+        assert_eq!(c.core.keep_alive_interval, Duration::from_secs(60));
     }
 }

@@ -66,13 +66,31 @@ fn bad_input_gets_a_clear_error() {
         "--transport",
         "tcp",
         "--timeout",
-        "300",
+        "300ms",
     ]);
     assert!(!ok);
+    // What happened and over which transport, not only that it did not work.
     assert!(
-        err.contains("no registrar of [127.0.0.1:1] could be reached"),
+        err.contains("no registrar could be reached: 127.0.0.1:1 over TCP")
+            && err.to_lowercase().contains("connection refused"),
         "{err}"
     );
+    let (ok, _, err) = rserpool(&["resolve", &"P".repeat(40), "--registrar", "127.0.0.1:1"]);
+    assert!(!ok);
+    assert!(
+        err.contains("pool handle of 40 bytes exceeds the limit of 32 bytes"),
+        "{err}"
+    );
+    // A negative number reaches the value parser, which names the flag.
+    let (ok, _, err) = rserpool(&["registrar", "--max-bad-pe-reports", "-5"]);
+    assert!(!ok);
+    assert!(
+        err.contains("'-5' for '--max-bad-pe-reports"),
+        "{err}"
+    );
+    let (ok, _, err) = rserpool(&["registrar", "--max-hres-items", "500"]);
+    assert!(!ok);
+    assert!(err.contains("above max-hres-items-limit (128)"), "{err}");
     let (ok, _, err) = rserpool(&["lsnat", "--listen", "127.0.0.1:0", "--check"]);
     assert!(!ok);
     assert!(err.contains("pool.members"), "{err}");
