@@ -187,3 +187,114 @@ fn printing_commands_end_quietly_on_a_closed_pipe() {
         assert!(err.is_empty(), "{args:?} said: {err}");
     }
 }
+
+/// Runs `rserpool ARGS` in the background; its stderr lines arrive on the channel.
+fn spawn_with_stderr(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::sync::mpsc::Receiver<String>,
+    std::sync::mpsc::Receiver<String>,
+) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rserpool"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (etx, erx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if etx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let (otx, orx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if otx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, orx, erx)
+}
+
+/// Waits (up to a generous deadline) for a line containing `what`.
+fn wait_for_line(lines: &std::sync::mpsc::Receiver<String>, what: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(l) if l.contains(what) => return l,
+            Ok(l) => seen.push(l),
+            Err(_) => break,
+        }
+    }
+    panic!("no line with {what:?}; saw:\n{}", seen.join("\n"))
+}
+
+#[test]
+fn lsnat_names_the_address_in_use_and_check_binds_first() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (ok, out, err) = rserpool(&["lsnat", "--listen", &addr, "--member", "127.0.0.1:9"]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("TCP listener {addr}")) && err.contains("in use"),
+        "{err}"
+    );
+    assert!(!out.contains("serving"), "no banner before the failure: {out}");
+    assert_eq!(err.matches("in use").count(), 1, "the cause once: {err}");
+    let (ok, out, err) = rserpool(&[
+        "lsnat", "--listen", &addr, "--member", "127.0.0.1:9", "--check",
+    ]);
+    assert!(!ok, "--check binds what it will bind: {out}");
+    assert!(err.contains("cannot be served here") && err.contains(&addr), "{err}");
+    let (ok, out, err) = rserpool(&[
+        "lsnat", "--listen", "127.0.0.1:0", "--member", "127.0.0.1:9", "--check",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("configuration ok"), "{out}");
+    assert!(out.contains("cost 0") && !out.contains("Finite"), "{out}");
+    // A listener that is its own member.
+    let (ok, _, err) = rserpool(&[
+        "lsnat", "--listen", "127.0.0.1:8999", "--member", "127.0.0.1:8999", "--check",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("the gateway's own listener[0]"), "{err}");
+    // Deprecated spellings still work, with a warning.
+    let (ok, out, err) = rserpool(&[
+        "lsnat", "--listen", "127.0.0.1:0", "--member", "127.0.0.1:9", "--status",
+        "127.0.0.1:0", "--check",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("warning: --status is deprecated; write --metrics"), "{out}");
+}
+
+#[test]
+fn lsnat_banner_and_an_unknown_pool_is_reported() {
+    let r = Registrar::start(&[]);
+    let (mut gw, out, err) = spawn_with_stderr(&[
+        "lsnat",
+        "--listen",
+        "127.0.0.1:0",
+        "--pool-handle",
+        "NoSuchPool",
+        "--registrar",
+        &r.asap,
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    let banner = wait_for_line(&out, "lsnat gateway serving tcp:127.0.0.1:");
+    assert!(banner.contains("/metrics"), "{banner}");
+    let line = wait_for_line(&err, "does not know this pool");
+    assert!(line.contains("NoSuchPool"), "{line}");
+    let _ = gw.kill();
+    let _ = gw.wait();
+}
