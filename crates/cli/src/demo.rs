@@ -199,10 +199,19 @@ async fn run_demo() -> Result<()> {
     let (reply, _) = talk(addr, "hello again").await?;
     outln!("   reached:  PE {}: {reply:?}", first.id);
 
+    let mut leaving = Vec::new();
     for (pe, _, _) in pes.drain(..) {
+        leaving.push(pe.id().to_string());
         pe.deregister().await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let until = Instant::now() + Duration::from_secs(5);
+    while metrics.lock().map(|m| m.pool_elements).unwrap_or(0) > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    outln!(
+        "   the other PEs stop and deregister: {} (the pool is now empty)",
+        leaving.join(", ")
+    );
     let m = metrics.lock().map(|m| m.clone()).unwrap_or_default();
     outln!("\n5. the registrar's own counters (each fact counted apart):");
     outln!(

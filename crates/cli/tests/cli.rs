@@ -27,6 +27,9 @@ fn demo_registers_resolves_echoes_and_sees_the_crash() {
     assert!(out.contains("echoes: hello pool"), "{out}");
     assert!(out.contains("removed it (cause: association lost"), "{out}");
     assert!(out.contains("a new resolution selects 2 PE(s)"), "{out}");
+    // The deregistrations counted at the end are shown when they happen.
+    assert!(out.contains("the other PEs stop and deregister: $"), "{out}");
+    assert!(out.contains("removals: deregistered 2,"), "{out}");
     assert!(out.contains("demo done"), "{out}");
 }
 

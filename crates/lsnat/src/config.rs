@@ -70,6 +70,19 @@ pub struct ProbeConfig {
     pub send: Vec<u8>,
     /// Bytes the reply must contain (empty: any reply, or for TCP none needed).
     pub expect: Vec<u8>,
+    /// How a TCP probe ends its connection: with a FIN, as a client would (`graceful`, the
+    /// default; the member's application sees an ordinary close), or with a RST (`reset`: no
+    /// TIME_WAIT on either side, but many servers log a reset as an error).
+    pub close: ProbeClose,
+}
+
+/// How a TCP probe closes its connection (`health.close`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeClose {
+    /// FIN after the exchange; the reply (if any) is read to the end first.
+    Graceful,
+    /// RST (SO_LINGER 0).
+    Reset,
 }
 
 /// A virtual address.
@@ -215,6 +228,7 @@ struct RawHealth {
     port: Option<i64>,
     send: Option<String>,
     expect: Option<String>,
+    close: Option<String>,
     fall: Option<i64>,
     rise: Option<i64>,
     slow_start: Option<toml::Value>,
@@ -818,6 +832,16 @@ impl Config {
             },
             send,
             expect,
+            close: match h.close.as_deref() {
+                None | Some("graceful") => ProbeClose::Graceful,
+                Some("reset") => ProbeClose::Reset,
+                Some(o) => {
+                    return Err(c.err(
+                        "health.close",
+                        format!("{o:?} is not \"graceful\" or \"reset\""),
+                    ))
+                }
+            },
         };
         if probe.interval.is_zero() || probe.timeout.is_zero() {
             return Err(c.err(
