@@ -108,7 +108,11 @@ fn parse_command_line() -> Cli {
 
 fn main() -> ExitCode {
     let cli = parse_command_line();
-    let daemon = matches!(cli.command, Command::Registrar(_) | Command::Lsnat(_));
+    let daemon = match &cli.command {
+        Command::Registrar(a) => !a.check,
+        Command::Lsnat(a) => !a.check,
+        _ => false,
+    };
     let log = cli
         .log
         .clone()

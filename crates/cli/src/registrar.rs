@@ -2,7 +2,7 @@
 //! `rspregistrar` option where one exists) and a key of the TOML file given with `--config`;
 //! flags win over the file, the file over the profile's defaults.
 
-use crate::units::DurationValue;
+use crate::units::{human, DurationValue};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rserpool_registrar::driver::{run, DriverConfig};
@@ -117,6 +117,11 @@ pub struct RegistrarArgs {
     /// Seed for the registrar's random numbers (reproducible runs). [default: from the OS]
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Check the configuration, bind what would be bound (and let go), print a summary and
+    /// exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub check: bool,
 }
 
 fn parse_id(s: &str) -> Result<u32, String> {
@@ -343,9 +348,104 @@ impl RegistrarArgs {
     }
 }
 
+/// What a configuration does, in words (`--check`).
+fn summary(c: &DriverConfig) -> String {
+    let list = |a: &[SocketAddr]| {
+        a.iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let beyond = c.asap_listen.iter().any(|a| !a.ip().is_loopback());
+    let announces = match &c.core.announce {
+        None => "off".to_string(),
+        Some(an) => format!(
+            "to {} every {} with TTL {}, on {}",
+            an.group,
+            human(an.interval),
+            c.announce_ttl,
+            match c.announce_interface {
+                Some(i) => format!("interface {i}"),
+                None => {
+                    let on = rserpool_transport::multicast::announce_interfaces(
+                        &c.asap_listen,
+                        &rserpool_transport::multicast::ipv4_multicast_interfaces(),
+                    );
+                    if on.is_empty() {
+                        "no interface (no IPv4 ASAP address)".to_string()
+                    } else {
+                        format!(
+                            "interface {} (those of the ASAP addresses)",
+                            on.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+                        )
+                    }
+                }
+            }
+        ),
+    };
+    format!(
+        "profile: {}\nASAP: {} over {} ({})\nplain TCP: {}\nserver announces: {announces}\nminimum address scope of PEs: {}\nkeep-alives: every {} (± {:.0} %), answer within {}, {} unreachable reports remove a PE\nhandle resolution: {} PEs by default, at most {}\nlimits: {} associations, {} pools, {} PEs per pool, {} PEs, messages up to {} bytes\nmetrics: {}",
+        c.core.profile.name(),
+        list(&c.asap_listen),
+        match c.transport {
+            TransportChoice::Auto => "SCTP where the kernel has it, else the TCP mapping",
+            TransportChoice::Sctp => "SCTP",
+            TransportChoice::Tcp => "the TCP mapping",
+        },
+        if beyond { "reachable from other hosts" } else { "this host only" },
+        if c.plain_tcp_listen.is_empty() { "off".to_string() } else { list(&c.plain_tcp_listen) },
+        c.core.min_address_scope.name(),
+        human(c.core.keep_alive_interval),
+        c.core.keep_alive_jitter * 100.0,
+        human(c.core.keep_alive_timeout),
+        c.core.max_bad_pe_reports,
+        c.core.default_handle_resolution_items,
+        c.core.max_handle_resolution_items,
+        c.core.max_associations,
+        c.core.handlespace.max_pools,
+        c.core.handlespace.max_pool_elements_per_pool,
+        c.core.handlespace.max_pool_elements,
+        c.core.codec.max_message_size,
+        c.metrics_listen
+            .map(|m| format!("http://{m}/metrics"))
+            .unwrap_or_else(|| "off".to_string()),
+    )
+}
+
+/// Binds what `config` would bind, then lets go: a port in use or an address not of this host
+/// is found by `--check`, not at start-up.
+async fn try_bind(config: &DriverConfig) -> Result<()> {
+    let mut ep = config.endpoint.clone();
+    ep.transport = config.transport;
+    ep.local_addrs = config.asap_listen.clone();
+    ep.accept = true;
+    ep.tcp.plain_asap_listen = config.plain_tcp_listen.clone();
+    let endpoint = rserpool_transport::Endpoint::bind(ep)
+        .await
+        .with_context(|| format!("ASAP on {:?}", config.asap_listen))?;
+    drop(endpoint);
+    if let Some(m) = config.metrics_listen {
+        tokio::net::TcpListener::bind(m)
+            .await
+            .with_context(|| format!("metrics {m}"))?;
+    }
+    Ok(())
+}
+
 /// Runs the registrar until SIGINT or SIGTERM.
 pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
+    let check = args.check;
     let config = args.into_config()?;
+    if check {
+        outln!("{}", summary(&config));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(try_bind(&config))
+            .context("the configuration is valid, but it cannot be served here")?;
+        outln!("configuration ok; every address can be bound");
+        return Ok(());
+    }
     // One thread: the registrar core is one state machine, and the transport's reader and the
     // core hand messages to each other without crossing threads.
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -301,3 +301,23 @@ fn lsnat_banner_and_an_unknown_pool_is_reported() {
     let _ = gw.kill();
     let _ = gw.wait();
 }
+
+#[test]
+fn the_example_configurations_pass_check() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    let registrar = format!("{root}/registrar.toml");
+    let (ok, out, err) = rserpool(&[
+        "registrar", "-c", &registrar, "--check", "--asap", "127.0.0.1:0", "--metrics",
+        "127.0.0.1:0",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("configuration ok"), "{out}");
+    assert!(!out.contains("warning") && !err.contains("deprecated"), "{out}\n{err}");
+    let lsnat = format!("{root}/lsnat.toml");
+    let (ok, out, err) = rserpool(&[
+        "lsnat", "-c", &lsnat, "--check", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("configuration ok"), "{out}");
+    assert!(!out.contains("warning"), "the example uses no deprecated spelling: {out}");
+}
