@@ -24,8 +24,8 @@ pub struct BenchArgs {
     /// The registrar to load.
     #[arg(long, value_name = "ADDR:PORT")]
     registrar: SocketAddr,
-    /// Transport: sctp or tcp (the TCP mapping).
-    #[arg(long, default_value = "sctp", value_parser = ["sctp", "tcp"])]
+    /// Transport: `auto` (SCTP where the kernel has it, else the TCP mapping), sctp or tcp.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "sctp", "tcp"])]
     transport: String,
     /// PEs registered in the pool before measuring.
     #[arg(long, default_value_t = 1000)]
@@ -89,10 +89,10 @@ struct Conn {
 }
 
 async fn connect(args: &BenchArgs) -> Result<Conn> {
-    let choice = if args.transport == "tcp" {
-        TransportChoice::Tcp
-    } else {
-        TransportChoice::Sctp
+    let choice = match args.transport.as_str() {
+        "tcp" => TransportChoice::Tcp,
+        "sctp" => TransportChoice::Sctp,
+        _ => TransportChoice::Auto,
     };
     let mut endpoint = Endpoint::bind(EndpointConfig::new(choice))
         .await
@@ -374,6 +374,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let mut setup = connect(&args).await?;
         let handle = setup.endpoint.handle();
         let (mut sent, mut accepted, mut refused) = (0u32, 0u32, 0u32);
+        let mut first_refusal: Option<String> = None;
         let t0 = Instant::now();
         while accepted + refused < args.pes {
             while sent < args.pes && sent - (accepted + refused) < 64 {
@@ -393,23 +394,33 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 {
                     if r.reject {
                         refused += 1;
+                        if first_refusal.is_none() {
+                            first_refusal = Some(match &r.error {
+                                Some(e) => e.to_string(),
+                                None => "no cause given".to_string(),
+                            });
+                        }
                     } else {
                         accepted += 1;
                     }
                 }
             }
         }
-        println!(
+        outln!(
             "setup: {accepted} of {} PEs registered in pool {} at {} over {} ({} refused) in {:.2} s",
             args.pes,
             args.pool,
             args.registrar,
-            args.transport,
+            setup.endpoint.kind(),
             refused,
             t0.elapsed().as_secs_f64()
         );
         if accepted == 0 {
-            bail!("the registrar accepted no PE (is --pe-address one of this host's addresses?)");
+            bail!(
+                "the registrar accepted no PE (its answer: {}); is --pe-address {} an address of this host in a scope the registrar accepts (its --min-address-scope)?",
+                first_refusal.as_deref().unwrap_or("none"),
+                args.pe_address
+            );
         }
         for w in workloads {
             let (rate, bad, cpu) = measure(&args, w).await?;
@@ -417,14 +428,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Workload::Resolve => "handle resolutions",
                 Workload::Register => "registrations",
             };
-            println!(
+            outln!(
                 "{name}: {rate:.0}/s ({} associations × {} outstanding, {:.1} s; {bad} unexpected answers)",
                 args.associations, args.window, args.seconds
             );
             if let Some((cpu, n)) = cpu {
                 let used = cpu.total();
                 let per_cpu_second = n as f64 / used.as_secs_f64().max(0.01);
-                println!(
+                outln!(
                     "{name} per registrar CPU-second: {per_cpu_second:.0} (registrar used {:.2} s of CPU in {:.1} s, {:.0}% of a core; {:.0}% of it in the kernel)",
                     used.as_secs_f64(),
                     args.seconds,

@@ -79,7 +79,7 @@ pub fn run(args: &DecodeArgs) -> Result<()> {
                 }
             }),
         };
-        println!(
+        outln!(
             "frame {} {} -> {} ({}, {} bytes)",
             m.frame,
             m.source,
@@ -89,22 +89,22 @@ pub fn run(args: &DecodeArgs) -> Result<()> {
         );
         if args.hex {
             let hex: String = m.bytes.iter().map(|b| format!("{b:02x}")).collect();
-            println!("  {hex}");
+            outln!("  {hex}");
         }
         match decoded {
             Ok(text) => {
                 ok += 1;
                 for line in text.lines() {
-                    println!("  {line}");
+                    outln!("  {line}");
                 }
             }
             Err(e) => {
                 bad += 1;
-                println!("  error: {e}");
+                outln!("  error: {e}");
             }
         }
     }
-    println!("\n{name}: {ok} messages decoded, {bad} with errors");
+    outln!("\n{name}: {ok} messages decoded, {bad} with errors");
     if bad > 0 {
         anyhow::bail!("{bad} of {} messages did not decode", messages.len());
     }

@@ -65,8 +65,8 @@ pub fn demo() -> Result<()> {
 }
 
 async fn run_demo() -> Result<()> {
-    println!("rserpool demo: a registrar, 3 pool elements (echo service) and a pool user, in one");
-    println!("process, over the TCP mapping on 127.0.0.1.\n");
+    outln!("rserpool demo: a registrar, 3 pool elements (echo service) and a pool user, in one");
+    outln!("process, over the TCP mapping on 127.0.0.1.\n");
 
     let mut core = RegistrarConfig::new(Profile::Rsplib);
     core.min_address_scope = AddressScope::Loopback;
@@ -83,7 +83,7 @@ async fn run_demo() -> Result<()> {
     }));
     let running = started_rx.await.context("starting the registrar")?;
     let reg_addr = running.asap_addrs[0];
-    println!(
+    outln!(
         "1. registrar {} listens on {reg_addr} ({})",
         running.registrar_id, running.transport
     );
@@ -108,7 +108,7 @@ async fn run_demo() -> Result<()> {
         if !pe.wait_registered(Duration::from_secs(5)).await {
             anyhow::bail!("PE on {addr} did not get registered");
         }
-        println!(
+        outln!(
             "2. PE {} registered in {pool}: echo service on {addr}, policy Least Used, load {load}%",
             pe.id()
         );
@@ -124,12 +124,12 @@ async fn run_demo() -> Result<()> {
     )
     .await?;
     let r = pu.resolve(pool.clone()).await?;
-    println!(
+    outln!(
         "\n3. pool user resolves {pool}: the registrar selects {} PE(s), least used first",
         r.pool_elements.len()
     );
     for pe in &r.pool_elements {
-        println!("   selected: PE {} — {}", pe.id, pe.policy);
+        outln!("   selected: PE {} — {}", pe.id, pe.policy);
     }
     let first = &r.pool_elements[0];
     let addr = SocketAddr::new(
@@ -137,7 +137,7 @@ async fn run_demo() -> Result<()> {
         port_of(&first.user_transport),
     );
     let (reply, rtt) = talk(addr, "hello pool").await?;
-    println!(
+    outln!(
         "   reached:  PE {} answered in {:.1} ms: {reply:?}",
         first.id,
         rtt.as_secs_f64() * 1e3
@@ -149,7 +149,7 @@ async fn run_demo() -> Result<()> {
         .lock()
         .map(|m| m.clone())
         .unwrap_or_default();
-    println!(
+    outln!(
         "   meanwhile the registrar checks its PEs: {} keep-alives sent, {} answered",
         m.keep_alives_sent, m.keep_alives_acked
     );
@@ -160,11 +160,11 @@ async fn run_demo() -> Result<()> {
     let dead_id = dead_pe.id();
     service.abort();
     dead_pe.abort().await;
-    println!(
+    outln!(
         "\n4. PE {dead_id} crashes (its service on {dead_addr} stops, its association is aborted)"
     );
     let outcome = talk(dead_addr, "anyone?").await;
-    println!(
+    outln!(
         "   a session bound to it now: {}",
         match outcome {
             Ok((reply, _)) => format!("answered {reply:?}"),
@@ -180,9 +180,9 @@ async fn run_demo() -> Result<()> {
         .lock()
         .map(|m| m.removals_by(RemovalCause::AssociationLost))
         .unwrap_or(0);
-    println!("   the registrar removed it (cause: association lost, {lost} so far)");
+    outln!("   the registrar removed it (cause: association lost, {lost} so far)");
     let r = pu.resolve(pool.clone()).await?;
-    println!(
+    outln!(
         "   a new resolution selects {} PE(s): {}",
         r.pool_elements.len(),
         r.pool_elements
@@ -197,23 +197,32 @@ async fn run_demo() -> Result<()> {
         port_of(&first.user_transport),
     );
     let (reply, _) = talk(addr, "hello again").await?;
-    println!("   reached:  PE {}: {reply:?}", first.id);
+    outln!("   reached:  PE {}: {reply:?}", first.id);
 
+    let mut leaving = Vec::new();
     for (pe, _, _) in pes.drain(..) {
+        leaving.push(pe.id().to_string());
         pe.deregister().await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let until = Instant::now() + Duration::from_secs(5);
+    while metrics.lock().map(|m| m.pool_elements).unwrap_or(0) > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    outln!(
+        "   the other PEs stop and deregister: {} (the pool is now empty)",
+        leaving.join(", ")
+    );
     let m = metrics.lock().map(|m| m.clone()).unwrap_or_default();
-    println!("\n5. the registrar's own counters (each fact counted apart):");
-    println!(
+    outln!("\n5. the registrar's own counters (each fact counted apart):");
+    outln!(
         "   registrations {}, re-registrations {}, handle resolutions {}, PEs handed out {}",
         m.registrations, m.reregistrations, m.resolutions, m.resolved_pool_elements
     );
-    println!(
+    outln!(
         "   keep-alives sent {}, answered {}, missed {}",
         m.keep_alives_sent, m.keep_alives_acked, m.keep_alives_missed
     );
-    println!(
+    outln!(
         "   removals: deregistered {}, association lost {}, keep-alive timeout {}, reported unreachable {}",
         m.removals_by(RemovalCause::Deregistered),
         m.removals_by(RemovalCause::AssociationLost),
@@ -222,8 +231,8 @@ async fn run_demo() -> Result<()> {
     );
     let _ = stop_tx.send(());
     registrar.await??;
-    println!("\ndemo done. Next: `rserpool registrar --help`, `rserpool resolve --help`,");
-    println!("`rserpool decode` (RSPLIB's own traffic decoded).");
+    outln!("\ndemo done. Next: `rserpool registrar --help`, `rserpool resolve --help`,");
+    outln!("`rserpool decode` (RSPLIB's own traffic decoded).");
     Ok(())
 }
 

@@ -1,12 +1,24 @@
 //! `rserpool`: the command-line entry point of the project.
 
+/// `println!` for command output: when stdout is a closed pipe (`rserpool decode | head`) the
+/// program ends quietly with success, as Unix tools do, instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::print_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod decode;
 mod demo;
 mod registrar;
 mod resolve;
+mod units;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Reliable Server Pooling (RFC 5351–5356) in Rust.
@@ -37,6 +49,24 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Writes one line to stdout; on a closed pipe exits with success and without a word, on any
+/// other write error exits with failure and says why.
+pub(crate) fn print_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+    {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("rserpool: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// Resolves when SIGINT or SIGTERM arrives.
 pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
@@ -61,9 +91,28 @@ pub(crate) async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// The command line, with negative numbers let through to the value parsers: `--max-eu-rate -3`
+/// is then refused naming the flag and the value, not as "unexpected argument '-3'".
+fn parse_command_line() -> Cli {
+    let command = Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|arg| {
+            if arg.get_action().takes_values() && !arg.is_positional() {
+                arg.allow_negative_numbers(true)
+            } else {
+                arg
+            }
+        })
+    });
+    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let daemon = matches!(cli.command, Command::Registrar(_) | Command::Lsnat(_));
+    let cli = parse_command_line();
+    let daemon = match &cli.command {
+        Command::Registrar(a) => !a.check,
+        Command::Lsnat(a) => !a.check,
+        _ => false,
+    };
     let log = cli
         .log
         .clone()

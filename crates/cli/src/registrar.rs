@@ -2,6 +2,7 @@
 //! `rspregistrar` option where one exists) and a key of the TOML file given with `--config`;
 //! flags win over the file, the file over the profile's defaults.
 
+use crate::units::{human, DurationValue};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rserpool_registrar::driver::{run, DriverConfig};
@@ -13,13 +14,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Options of `rserpool registrar`. Times are in milliseconds, rates in requests per second.
+/// Options of `rserpool registrar`. Durations have units ("5s", "250ms"; a bare number is read
+/// in milliseconds, with a deprecation warning), rates are requests per second.
 #[derive(Args, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RegistrarArgs {
     /// TOML file with any of these options as keys (e.g. `asap = ["0.0.0.0:3863"]`,
     /// `max-bad-pe-reports = 3`); flags given on the command line take precedence.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short = 'c', value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Defaults and behaviours: `rsplib` (talks to RSPLIB 3.x) or `rfc` (the RFC text).
@@ -30,8 +32,9 @@ pub struct RegistrarArgs {
     /// or `tcp`. [default: auto]
     #[arg(long, value_parser = ["auto", "sctp", "tcp"])]
     pub transport: Option<String>,
-    /// ASAP address to listen on (repeat for SCTP multi-homing; one port for all).
-    /// [default: 0.0.0.0:3863]
+    /// ASAP address to listen on (repeat for SCTP multi-homing; one port for all). The default
+    /// serves this host only; `--asap 0.0.0.0:3863` serves every interface.
+    /// [default: 127.0.0.1:3863]
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
     pub asap: Vec<SocketAddr>,
@@ -40,27 +43,29 @@ pub struct RegistrarArgs {
     #[serde(default)]
     pub plain_tcp: Vec<SocketAddr>,
     /// Server announces: `auto` (the profile's group: 239.0.0.50:3863 for rsplib,
-    /// 224.0.1.185:3863 for rfc), `off`, or a group ADDR:PORT. [default: auto]
+    /// 224.0.1.185:3863 for rfc), `off`, or a group ADDR:PORT. They go out on the interfaces of
+    /// the `--asap` addresses only (loopback for 127.0.0.1). [default: auto]
     #[arg(long, value_name = "auto|off|ADDR:PORT")]
     pub asap_announce: Option<String>,
-    /// Interface (its IPv4 address) announces go out on. [default: chosen by the kernel]
+    /// Interface (its IPv4 address) announces go out on. [default: the interfaces of the
+    /// `--asap` addresses]
     #[arg(long, value_name = "IPV4")]
     pub announce_interface: Option<std::net::Ipv4Addr>,
-    /// TTL of announces. [default: 30]
+    /// TTL of announces; 1 keeps them on the local link (RSPLIB uses 30). [default: 1]
     #[arg(long)]
     pub announce_ttl: Option<u32>,
-    /// Announce cycle T6 in ms. [default: 1000]
-    #[arg(long, value_name = "MS")]
-    pub announce_interval: Option<u64>,
+    /// Announce cycle T6, e.g. "1s". [default: 1s]
+    #[arg(long, value_name = "DURATION")]
+    pub announce_interval: Option<DurationValue>,
     /// This registrar's 32-bit identifier, e.g. 0x1deea448. [default: random]
     #[arg(long, value_parser = parse_id)]
     pub identifier: Option<u32>,
-    /// Mean interval between ENDPOINT_KEEP_ALIVEs to a PE, in ms. [default: 5000]
-    #[arg(long, value_name = "MS")]
-    pub endpoint_keep_alive_transmission_interval: Option<u64>,
-    /// Time a PE has to answer a keep-alive before it is removed, in ms. [default: 5000]
-    #[arg(long, value_name = "MS")]
-    pub endpoint_keep_alive_timeout_interval: Option<u64>,
+    /// Mean interval between ENDPOINT_KEEP_ALIVEs to a PE, e.g. "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub endpoint_keep_alive_transmission_interval: Option<DurationValue>,
+    /// Time a PE has to answer a keep-alive before it is removed, e.g. "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub endpoint_keep_alive_timeout_interval: Option<DurationValue>,
     /// Keep-alive intervals are drawn from interval × (1 ± jitter). [default: 0.25]
     #[arg(long)]
     pub keep_alive_jitter: Option<f64>,
@@ -79,8 +84,9 @@ pub struct RegistrarArgs {
     /// Per-client ENDPOINT_UNREACHABLE reports per second; 0 = unlimited. [default: 10]
     #[arg(long, value_name = "RATE")]
     pub max_eu_rate: Option<f64>,
-    /// Narrowest address scope accepted from PEs: loopback, link-local, site-local, global.
-    /// [default: site-local]
+    /// Narrowest address scope accepted from PEs: any, loopback, link-local, site-local,
+    /// global. [default: loopback when every --asap address is a loopback address (PEs on this
+    /// host), else site-local as in RSPLIB]
     #[arg(long, value_parser = ["any", "loopback", "link-local", "site-local", "global"])]
     pub min_address_scope: Option<String>,
     /// Most associations (PEs and PUs) at once. [default: 10000]
@@ -111,6 +117,11 @@ pub struct RegistrarArgs {
     /// Seed for the registrar's random numbers (reproducible runs). [default: from the OS]
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Check the configuration, bind what would be bound (and let go), print a summary and
+    /// exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub check: bool,
 }
 
 fn parse_id(s: &str) -> Result<u32, String> {
@@ -187,11 +198,14 @@ impl RegistrarArgs {
         if let Some(id) = a.identifier {
             core.registrar_id = RegistrarId(id);
         }
-        let ms = |name: &str, v: u64| -> Result<Duration> {
-            if v == 0 {
-                bail!("{name}: must be at least 1 ms");
+        let ms = |name: &str, v: DurationValue| -> Result<Duration> {
+            if let Some(w) = v.deprecation(name) {
+                tracing::warn!("{w}");
             }
-            Ok(Duration::from_millis(v))
+            if v.duration < Duration::from_millis(1) {
+                bail!("{name}: must be at least 1ms");
+            }
+            Ok(v.duration)
         };
         if let Some(v) = a.endpoint_keep_alive_transmission_interval {
             core.keep_alive_interval = ms("endpoint-keep-alive-transmission-interval", v)?;
@@ -222,6 +236,13 @@ impl RegistrarArgs {
                 bail!("max-hres-items-limit: must be at least 1");
             }
             core.max_handle_resolution_items = n;
+        }
+        if core.default_handle_resolution_items > core.max_handle_resolution_items {
+            bail!(
+                "max-hres-items: {} is above max-hres-items-limit ({}), the most one handle resolution returns; lower it or raise the limit",
+                core.default_handle_resolution_items,
+                core.max_handle_resolution_items
+            );
         }
         let rate = |name: &str, r: f64| -> Result<Option<RateLimit>> {
             if !r.is_finite() || r < 0.0 {
@@ -301,6 +322,13 @@ impl RegistrarArgs {
             }
             config.asap_listen = a.asap;
         }
+        if a.min_address_scope.is_none()
+            && config.asap_listen.iter().all(|l| l.ip().is_loopback())
+        {
+            // A registrar only this host can reach serves PEs of this host: their addresses are
+            // loopback addresses, which RSPLIB's site-local default would refuse.
+            config.core.min_address_scope = AddressScope::Loopback;
+        }
         config.plain_tcp_listen = a.plain_tcp;
         config.announce_interface = a.announce_interface;
         if let Some(ttl) = a.announce_ttl {
@@ -320,9 +348,104 @@ impl RegistrarArgs {
     }
 }
 
+/// What a configuration does, in words (`--check`).
+fn summary(c: &DriverConfig) -> String {
+    let list = |a: &[SocketAddr]| {
+        a.iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let beyond = c.asap_listen.iter().any(|a| !a.ip().is_loopback());
+    let announces = match &c.core.announce {
+        None => "off".to_string(),
+        Some(an) => format!(
+            "to {} every {} with TTL {}, on {}",
+            an.group,
+            human(an.interval),
+            c.announce_ttl,
+            match c.announce_interface {
+                Some(i) => format!("interface {i}"),
+                None => {
+                    let on = rserpool_transport::multicast::announce_interfaces(
+                        &c.asap_listen,
+                        &rserpool_transport::multicast::ipv4_multicast_interfaces(),
+                    );
+                    if on.is_empty() {
+                        "no interface (no IPv4 ASAP address)".to_string()
+                    } else {
+                        format!(
+                            "interface {} (those of the ASAP addresses)",
+                            on.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+                        )
+                    }
+                }
+            }
+        ),
+    };
+    format!(
+        "profile: {}\nASAP: {} over {} ({})\nplain TCP: {}\nserver announces: {announces}\nminimum address scope of PEs: {}\nkeep-alives: every {} (± {:.0} %), answer within {}, {} unreachable reports remove a PE\nhandle resolution: {} PEs by default, at most {}\nlimits: {} associations, {} pools, {} PEs per pool, {} PEs, messages up to {} bytes\nmetrics: {}",
+        c.core.profile.name(),
+        list(&c.asap_listen),
+        match c.transport {
+            TransportChoice::Auto => "SCTP where the kernel has it, else the TCP mapping",
+            TransportChoice::Sctp => "SCTP",
+            TransportChoice::Tcp => "the TCP mapping",
+        },
+        if beyond { "reachable from other hosts" } else { "this host only" },
+        if c.plain_tcp_listen.is_empty() { "off".to_string() } else { list(&c.plain_tcp_listen) },
+        c.core.min_address_scope.name(),
+        human(c.core.keep_alive_interval),
+        c.core.keep_alive_jitter * 100.0,
+        human(c.core.keep_alive_timeout),
+        c.core.max_bad_pe_reports,
+        c.core.default_handle_resolution_items,
+        c.core.max_handle_resolution_items,
+        c.core.max_associations,
+        c.core.handlespace.max_pools,
+        c.core.handlespace.max_pool_elements_per_pool,
+        c.core.handlespace.max_pool_elements,
+        c.core.codec.max_message_size,
+        c.metrics_listen
+            .map(|m| format!("http://{m}/metrics"))
+            .unwrap_or_else(|| "off".to_string()),
+    )
+}
+
+/// Binds what `config` would bind, then lets go: a port in use or an address not of this host
+/// is found by `--check`, not at start-up.
+async fn try_bind(config: &DriverConfig) -> Result<()> {
+    let mut ep = config.endpoint.clone();
+    ep.transport = config.transport;
+    ep.local_addrs = config.asap_listen.clone();
+    ep.accept = true;
+    ep.tcp.plain_asap_listen = config.plain_tcp_listen.clone();
+    let endpoint = rserpool_transport::Endpoint::bind(ep)
+        .await
+        .with_context(|| format!("ASAP on {:?}", config.asap_listen))?;
+    drop(endpoint);
+    if let Some(m) = config.metrics_listen {
+        tokio::net::TcpListener::bind(m)
+            .await
+            .with_context(|| format!("metrics {m}"))?;
+    }
+    Ok(())
+}
+
 /// Runs the registrar until SIGINT or SIGTERM.
 pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
+    let check = args.check;
     let config = args.into_config()?;
+    if check {
+        outln!("{}", summary(&config));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(try_bind(&config))
+            .context("the configuration is valid, but it cannot be served here")?;
+        outln!("configuration ok; every address can be bound");
+        return Ok(());
+    }
     // One thread: the registrar core is one state machine, and the transport's reader and the
     // core hand messages to each other without crossing threads.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -336,7 +459,7 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
             r = &mut serve => return r.context("registrar"),
             started = started_rx => {
                 if let Ok(s) = started {
-                    println!(
+                    outln!(
                         "registrar {} serving ASAP over {} on {:?}{}{}",
                         s.registrar_id,
                         s.transport,
@@ -384,8 +507,20 @@ mod tests {
         assert_eq!(c.core.keep_alive_interval, Duration::from_secs(5));
         assert_eq!(
             c.asap_listen,
-            vec!["0.0.0.0:3863".parse::<SocketAddr>().unwrap()]
+            vec!["127.0.0.1:3863".parse::<SocketAddr>().unwrap()],
+            "nothing beyond the host unless asked"
         );
+        assert_eq!(c.announce_ttl, 1);
+        assert_eq!(
+            c.core.min_address_scope,
+            AddressScope::Loopback,
+            "a registrar on loopback accepts the PEs of its host"
+        );
+        let c = parse(&["--asap", "0.0.0.0:3863"]).into_config().unwrap();
+        assert_eq!(c.core.min_address_scope, AddressScope::SiteLocal, "RSPLIB's default");
+        let c = parse(&["--min-address-scope", "global"]).into_config().unwrap();
+        assert_eq!(c.core.min_address_scope, AddressScope::Global, "as asked");
+        assert_eq!(c.announce_interface, None, "the listening addresses' interfaces");
         let c = parse(&["--profile", "rfc"]).into_config().unwrap();
         assert_eq!(
             c.core.codec.registration_life_unit,
@@ -399,7 +534,7 @@ mod tests {
     fn file_values_apply_and_flags_win() {
         let c = with_file(
             "asap = [\"127.0.0.1:4000\"]\nmax-bad-pe-reports = 7\nidentifier = 305419896\nmax-hr-rate = 50.0\nmin-address-scope = \"loopback\"\nasap-announce = \"off\"\nmax-held-answers = 64\n",
-            &["--max-bad-pe-reports", "9", "--endpoint-keep-alive-timeout-interval", "1500"],
+            &["--max-bad-pe-reports", "9", "--endpoint-keep-alive-timeout-interval", "1500ms"],
         )
         .unwrap();
         assert_eq!(
@@ -439,5 +574,31 @@ mod tests {
                 .contains("/nonexistent/registrar.toml")
         );
         assert!(Cli::try_parse_from(["registrar", "--identifier", "0xZZ"]).is_err());
+        assert!(err(parse(&["--max-hres-items", "200"]).into_config())
+            .contains("max-hres-items: 200 is above max-hres-items-limit (128)"));
+        assert!(err(parse(&["--announce-interval", "0s"]).into_config())
+            .contains("announce-interval: must be at least 1ms"));
+        assert!(Cli::try_parse_from(["registrar", "--announce-interval", "soon"]).is_err());
+        assert!(err(with_file("endpoint-keep-alive-timeout-interval = \"5 parsecs\"\n", &[]))
+            .contains("endpoint-keep-alive-timeout-interval"));
+    }
+
+    #[test]
+    fn durations_have_units_and_bare_milliseconds_still_work() {
+        let c = with_file(
+            "endpoint-keep-alive-transmission-interval = \"2s\"\nendpoint-keep-alive-timeout-interval = 1500\nannounce-interval = \"250ms\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.core.keep_alive_interval, Duration::from_secs(2));
+        assert_eq!(c.core.keep_alive_timeout, Duration::from_millis(1500));
+        assert_eq!(
+            c.core.announce.as_ref().unwrap().interval,
+            Duration::from_millis(250)
+        );
+        let c = parse(&["--endpoint-keep-alive-transmission-interval", "1m"])
+            .into_config()
+            .unwrap();
+        assert_eq!(c.core.keep_alive_interval, Duration::from_secs(60));
     }
 }

@@ -7,8 +7,40 @@ use rserpool_endpoint::driver::{PoolUserClient, RegistrarAccess};
 use rserpool_endpoint::pu::{ResolveError, ResolverConfig};
 use rserpool_transport::TransportChoice;
 use rserpool_wire::{CodecConfig, LifeUnit, PoolHandle};
+use crate::units::DurationValue;
+use rserpool_transport::{Endpoint, EndpointConfig, Event};
 use std::net::SocketAddr;
 use std::time::Duration;
+
+/// Why the registrar at `addr` cannot be reached over `choice`, as the transport reports it
+/// (e.g. "connection refused"), with the transport actually tried.
+async fn why_unreachable(addr: SocketAddr, choice: TransportChoice) -> String {
+    let mut endpoint = match Endpoint::bind(EndpointConfig::new(choice)).await {
+        Ok(e) => e,
+        Err(e) => return format!("{addr}: {e}"),
+    };
+    let kind = endpoint.kind();
+    let id = match endpoint.handle().connect(&[addr]).await {
+        Ok(id) => id,
+        Err(e) => return format!("{addr} over {kind}: {e}"),
+    };
+    let reason = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match endpoint.next_event().await {
+                Some(Event::AssociationUp { id: up, .. }) if up == id => {
+                    break "reachable now, but it did not answer".to_string()
+                }
+                Some(Event::AssociationDown { reason, .. }) => break reason.to_string(),
+                Some(_) => {}
+                None => break "the transport closed".to_string(),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| "no answer to the connection attempt".to_string());
+    endpoint.shutdown();
+    format!("{addr} over {kind}: {reason}")
+}
 
 /// Options of `rserpool resolve`.
 #[derive(Args, Debug)]
@@ -25,9 +57,10 @@ pub struct ResolveArgs {
     /// as it gives.
     #[arg(long, default_value = "0")]
     items: String,
-    /// How long to wait for the answer, in ms.
-    #[arg(long, default_value_t = 3000, value_name = "MS")]
-    timeout: u64,
+    /// How long to wait for the answer, e.g. "3s" (a bare number is read in milliseconds, with
+    /// a deprecation warning).
+    #[arg(long, default_value = "3s", value_name = "DURATION")]
+    timeout: DurationValue,
     /// Registration Life unit of the registrar: ms (RSPLIB) or s (RFC text).
     #[arg(long, default_value = "ms", value_parser = ["ms", "s"])]
     life_unit: String,
@@ -51,6 +84,10 @@ pub fn run(args: ResolveArgs) -> Result<()> {
     if args.pool.is_empty() {
         bail!("the pool handle must not be empty");
     }
+    if let Some(w) = args.timeout.deprecation("--timeout") {
+        tracing::warn!("{w}");
+    }
+    let timeout = args.timeout.duration;
     let codec = CodecConfig {
         registration_life_unit: if args.life_unit == "s" {
             LifeUnit::Seconds
@@ -59,6 +96,13 @@ pub fn run(args: ResolveArgs) -> Result<()> {
         },
         ..CodecConfig::default()
     };
+    if args.pool.len() > codec.max_pool_handle_size {
+        bail!(
+            "pool handle of {} bytes exceeds the limit of {} bytes (a registrar refuses it)",
+            args.pool.len(),
+            codec.max_pool_handle_size
+        );
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -68,7 +112,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
         let client = PoolUserClient::start(
             ResolverConfig {
                 items,
-                response_timeout: Duration::from_millis(args.timeout),
+                response_timeout: timeout,
                 codec,
                 ..ResolverConfig::default()
             },
@@ -77,22 +121,24 @@ pub fn run(args: ResolveArgs) -> Result<()> {
         .await?;
         let pool = PoolHandle::from(args.pool.as_str());
         let r = tokio::time::timeout(
-            Duration::from_millis(args.timeout + 8000),
+            timeout + Duration::from_secs(8),
             client.resolve(pool.clone()),
         )
         .await
         .map_err(|_| anyhow!("no registrar of {:?} answered", args.registrar))?
-        .map_err(|e| match e {
-            ResolveError::NoRegistrar => {
-                anyhow!(
-                    "no registrar of {:?} could be reached over {}",
-                    args.registrar,
-                    args.transport
-                )
+        ;
+        let r = match r {
+            Ok(r) => r,
+            Err(ResolveError::NoRegistrar) => {
+                let mut why = Vec::new();
+                for a in &args.registrar {
+                    why.push(why_unreachable(*a, transport).await);
+                }
+                bail!("no registrar could be reached: {}", why.join("; "))
             }
-            e => anyhow!("pool {pool}: {e}"),
-        })?;
-        println!(
+            Err(e) => bail!("pool {pool}: {e}"),
+        };
+        outln!(
             "pool {}: {} PE(s) selected by the registrar{}",
             r.pool_handle,
             r.pool_elements.len(),
@@ -102,7 +148,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
                 .unwrap_or_default()
         );
         for (i, pe) in r.pool_elements.iter().enumerate() {
-            println!(
+            outln!(
                 "  {}. PE {} home registrar {}: {} — {}",
                 i + 1,
                 pe.id,
@@ -111,7 +157,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
                 pe.policy
             );
         }
-        println!("(selected, not checked: the PEs were not contacted)");
+        outln!("(selected, not checked: the PEs were not contacted)");
         Ok(())
     })
 }

@@ -70,6 +70,19 @@ pub struct ProbeConfig {
     pub send: Vec<u8>,
     /// Bytes the reply must contain (empty: any reply, or for TCP none needed).
     pub expect: Vec<u8>,
+    /// How a TCP probe ends its connection: with a FIN, as a client would (`graceful`, the
+    /// default; the member's application sees an ordinary close), or with a RST (`reset`: no
+    /// TIME_WAIT on either side, but many servers log a reset as an error).
+    pub close: ProbeClose,
+}
+
+/// How a TCP probe closes its connection (`health.close`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeClose {
+    /// FIN after the exchange; the reply (if any) is read to the end first.
+    Graceful,
+    /// RST (SO_LINGER 0).
+    Reset,
 }
 
 /// A virtual address.
@@ -136,7 +149,7 @@ pub struct RserpoolConfig {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawConfig {
     #[serde(default, rename = "listener")]
     listeners: Vec<RawListener>,
@@ -150,6 +163,9 @@ struct RawConfig {
     limits: RawLimits,
     #[serde(default)]
     persistence: RawPersistence,
+    /// The HTTP endpoint (`GET /metrics`, `/status`, `/healthz`).
+    metrics: Option<String>,
+    /// Deprecated: `[status] address`, now `metrics`.
     #[serde(default)]
     status: RawStatus,
     #[serde(default)]
@@ -157,14 +173,14 @@ struct RawConfig {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawListener {
     address: String,
     protocol: Option<String>,
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawPool {
     policy: Option<String>,
     traffic_metric: Option<String>,
@@ -175,7 +191,7 @@ struct RawPool {
 }
 
 #[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawRserpool {
     pool_handle: String,
     #[serde(default)]
@@ -185,7 +201,7 @@ struct RawRserpool {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawMember {
     address: String,
     weight: Option<i64>,
@@ -194,7 +210,7 @@ struct RawMember {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawTimers {
     tcp_established: Option<toml::Value>,
     tcp_transitory: Option<toml::Value>,
@@ -204,7 +220,7 @@ struct RawTimers {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawHealth {
     probe: Option<String>,
     interval: Option<toml::Value>,
@@ -212,6 +228,7 @@ struct RawHealth {
     port: Option<i64>,
     send: Option<String>,
     expect: Option<String>,
+    close: Option<String>,
     fall: Option<i64>,
     rise: Option<i64>,
     slow_start: Option<toml::Value>,
@@ -223,7 +240,7 @@ struct RawHealth {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawLimits {
     max_sessions: Option<i64>,
     max_sessions_per_member: Option<i64>,
@@ -234,7 +251,7 @@ struct RawLimits {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawPersistence {
     timeout: Option<toml::Value>,
     netmask_v4: Option<i64>,
@@ -243,13 +260,13 @@ struct RawPersistence {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawStatus {
     address: Option<String>,
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawRuntime {
     worker_threads: Option<i64>,
     buffer_size: Option<i64>,
@@ -266,75 +283,75 @@ pub struct Overrides {
     pub members: Vec<String>,
     /// `--policy NAME`.
     pub policy: Option<String>,
-    /// `--status ADDR`.
-    pub status: Option<String>,
+    /// `--metrics ADDR` (or the deprecated `--status ADDR`).
+    pub metrics: Option<String>,
     /// `--threads N`.
     pub threads: Option<usize>,
     /// `--pool-handle NAME`: members from this RSerPool pool.
     pub pool_handle: Option<String>,
     /// `--registrar ADDR`, replacing the file's registrars when given.
     pub registrars: Vec<String>,
-    /// `--registrar-transport auto|sctp|tcp`.
-    pub registrar_transport: Option<String>,
+    /// `--transport auto|sctp|tcp` (or the deprecated `--registrar-transport`).
+    pub transport: Option<String>,
+    /// Deprecation warnings about the command line, reported with the file's.
+    pub warnings: Vec<String>,
 }
 
-/// Parses a duration: an integer (seconds) or a string of number-unit pairs with units
-/// `ms`, `s`, `m`, `h`, `d` (e.g. "250ms", "2h4m", "300s").
+/// Parses a duration written with units (humantime syntax): "250ms", "30s", "2h4m", "1m 30s",
+/// "0s".
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     if t.is_empty() {
         return Err("empty duration".into());
     }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!(
-                "{text:?} is not a duration (e.g. \"250ms\", \"30s\", \"2h4m\")"
+    humantime::parse_duration(t).map_err(|e| {
+        format!("{text:?} is not a duration ({e}); write e.g. \"250ms\", \"30s\" or \"2h4m\"")
+    })
+}
+
+/// Renames snake_case keys to the kebab-case the configuration uses, recording a deprecation
+/// warning for each; `path` is the table's place in the file.
+fn kebab_keys(table: &mut toml::Table, path: &str, warnings: &mut Vec<String>) {
+    let keys: Vec<String> = table.keys().cloned().collect();
+    for key in keys {
+        let mut value = table.remove(&key).expect("a listed key");
+        let new = key.replace('_', "-");
+        let at = if path.is_empty() {
+            new.clone()
+        } else {
+            format!("{path}.{new}")
+        };
+        if new != key {
+            warnings.push(format!(
+                "`{key}` is a deprecated spelling (snake_case); write `{new}` (at {at})"
             ));
         }
-        let n: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("{text:?}: number too large"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            "d" => Duration::from_secs(n.saturating_mul(86_400)),
-            "" => {
-                return Err(format!(
-                    "{text:?}: a unit is missing after {n} (ms, s, m, h or d)"
-                ))
+        match &mut value {
+            toml::Value::Table(t) => kebab_keys(t, &at, warnings),
+            toml::Value::Array(items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    if let toml::Value::Table(t) = item {
+                        kebab_keys(t, &format!("{at}[{i}]"), warnings);
+                    }
+                }
             }
-            u => return Err(format!("{text:?}: unknown unit {u:?} (ms, s, m, h or d)")),
-        };
-        total = total.saturating_add(part);
+            _ => {}
+        }
+        table.insert(new, value);
     }
-    Ok(total)
 }
 
 struct Checker {
     origin: String,
+    /// Deprecations met while checking (bare numbers as durations).
+    warnings: std::cell::RefCell<Vec<String>>,
 }
 
 impl Checker {
     fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
             origin: self.origin.clone(),
-            field: field.into(),
+            field: field.into().replace('_', "-"),
             message: message.into(),
         }
     }
@@ -345,18 +362,27 @@ impl Checker {
         v: &Option<toml::Value>,
         default: Duration,
     ) -> Result<Duration, ConfigError> {
+        let field = field.replace('_', "-");
+        let bare = |secs: f64| {
+            let d = Duration::from_secs_f64(secs);
+            self.warnings.borrow_mut().push(format!(
+                "{field}: a bare number of seconds is deprecated; write \"{}\"",
+                crate::human(d)
+            ));
+            d
+        };
         match v {
             None => Ok(default),
-            Some(toml::Value::Integer(i)) if *i >= 0 => Ok(Duration::from_secs(*i as u64)),
-            Some(toml::Value::Float(f)) if f.is_finite() && *f >= 0.0 && *f < 1e12 => {
-                Ok(Duration::from_secs_f64(*f))
+            Some(toml::Value::Integer(i)) if *i >= 0 => Ok(bare(*i as f64)),
+            Some(toml::Value::Float(f)) if f.is_finite() && *f >= 0.0 && *f < 1e12 => Ok(bare(*f)),
+            Some(toml::Value::String(s)) if !s.trim().is_empty() && s.trim().bytes().all(|b| b.is_ascii_digit()) => {
+                let secs: u64 = s.trim().parse().map_err(|_| self.err(&field, format!("{s:?}: number too large")))?;
+                Ok(bare(secs as f64))
             }
-            Some(toml::Value::String(s)) => parse_duration(s).map_err(|m| self.err(field, m)),
+            Some(toml::Value::String(s)) => parse_duration(s).map_err(|m| self.err(&field, m)),
             Some(other) => Err(self.err(
-                field,
-                format!(
-                    "expected a duration such as \"30s\" or a number of seconds, found {other}"
-                ),
+                &field,
+                format!("expected a duration such as \"30s\" or \"250ms\", found {other}"),
             )),
         }
     }
@@ -428,11 +454,22 @@ impl Config {
         origin: &str,
         overrides: &Overrides,
     ) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        let syntax = |e: toml::de::Error| ConfigError::Syntax {
             origin: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
-        })?;
-        Self::check(raw, origin, overrides)
+        };
+        let mut table: toml::Table = toml::from_str(text).map_err(syntax)?;
+        let mut warnings = Vec::new();
+        kebab_keys(&mut table, "", &mut warnings);
+        let raw: RawConfig = if warnings.is_empty() {
+            // Read from the text, so that errors keep their line and column.
+            toml::from_str(text).map_err(syntax)?
+        } else {
+            serde::Deserialize::deserialize(toml::Value::Table(table)).map_err(syntax)?
+        };
+        let mut ov = overrides.clone();
+        ov.warnings.extend(warnings);
+        Self::check(raw, origin, &ov)
     }
 
     /// A configuration from command-line values alone.
@@ -443,6 +480,7 @@ impl Config {
     fn check(mut raw: RawConfig, origin: &str, ov: &Overrides) -> Result<Config, ConfigError> {
         let c = Checker {
             origin: origin.to_string(),
+            warnings: std::cell::RefCell::new(ov.warnings.clone()),
         };
         if !ov.listen.is_empty() {
             raw.listeners = ov
@@ -498,8 +536,17 @@ impl Config {
         if let Some(p) = &ov.policy {
             raw.pool.policy = Some(p.clone());
         }
-        if let Some(s) = &ov.status {
-            raw.status.address = Some(s.clone());
+        if let Some(addr) = raw.status.address.take() {
+            c.warnings.borrow_mut().push(
+                "`[status] address` is deprecated; write `metrics = \"ADDR:PORT\"` at the top of the file"
+                    .into(),
+            );
+            if raw.metrics.is_none() {
+                raw.metrics = Some(addr);
+            }
+        }
+        if let Some(s) = &ov.metrics {
+            raw.metrics = Some(s.clone());
         }
         if let Some(t) = ov.threads {
             raw.runtime.worker_threads = Some(t as i64);
@@ -510,13 +557,13 @@ impl Config {
                 .get_or_insert_with(RawRserpool::default)
                 .pool_handle = h.clone();
         }
-        if !ov.registrars.is_empty() || ov.registrar_transport.is_some() {
+        if !ov.registrars.is_empty() || ov.transport.is_some() {
             let r = raw.pool.rserpool.get_or_insert_with(RawRserpool::default);
             if !ov.registrars.is_empty() {
                 r.registrars = ov.registrars.clone();
             }
-            if ov.registrar_transport.is_some() {
-                r.transport = ov.registrar_transport.clone();
+            if ov.transport.is_some() {
+                r.transport = ov.transport.clone();
             }
         }
 
@@ -734,7 +781,10 @@ impl Config {
             }
             if v < floor {
                 warnings.push(format!(
-                    "{name} = {v:?} is below the {rfc} floor of {floor:?}"
+                    "{} = \"{}\" is below the {rfc} floor of {}",
+                    name.replace('_', "-"),
+                    crate::human(v),
+                    crate::human(floor)
                 ));
             }
         }
@@ -782,6 +832,16 @@ impl Config {
             },
             send,
             expect,
+            close: match h.close.as_deref() {
+                None | Some("graceful") => ProbeClose::Graceful,
+                Some("reset") => ProbeClose::Reset,
+                Some(o) => {
+                    return Err(c.err(
+                        "health.close",
+                        format!("{o:?} is not \"graceful\" or \"reset\""),
+                    ))
+                }
+            },
         };
         if probe.interval.is_zero() || probe.timeout.is_zero() {
             return Err(c.err(
@@ -899,9 +959,9 @@ impl Config {
             )?,
         };
 
-        let status = match &raw.status.address {
+        let status = match &raw.metrics {
             None => None,
-            Some(s) => Some(c.addr("status.address", s)?),
+            Some(s) => Some(c.addr("metrics", s)?),
         };
 
         // Runtime.
@@ -943,6 +1003,58 @@ impl Config {
             tick,
             report_interval: (smallest / 8).clamp(Duration::from_millis(5), Duration::from_secs(1)),
         };
+
+        // What would bite at run time, refused or warned about now.
+        // Port 0 is a port the kernel picks, never one already taken.
+        let overlaps = |a: SocketAddr, b: SocketAddr| {
+            a.port() != 0
+                && a.port() == b.port()
+                && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+        };
+        for (i, l) in listeners.iter().enumerate() {
+            if let Some(m) = members.iter().position(|m| overlaps(l.address, m.address)) {
+                return Err(c.err(
+                    format!("pool.members[{m}].address"),
+                    format!(
+                        "{} is the gateway's own listener[{i}] ({}): sessions would be relayed to the gateway itself",
+                        members[m].address, l.address
+                    ),
+                ));
+            }
+            if let Some(st) = status.filter(|st| {
+                l.protocol == Protocol::Tcp && overlaps(l.address, *st)
+            }) {
+                return Err(c.err(
+                    "metrics",
+                    format!(
+                        "the HTTP endpoint {st} is also listener[{i}] ({}); give it another port",
+                        l.address
+                    ),
+                ));
+            }
+        }
+        if rserpool.is_none()
+            && members.iter().all(|m| {
+                m.weight == 0 || m.cost == Cost::Unreachable || m.max_sessions == Some(0)
+            })
+        {
+            return Err(c.err(
+                "pool.members",
+                "no member can ever take a session (each has weight 0, cost \"unreachable\" or max-sessions 0)",
+            ));
+        }
+        if probe.kind != ProbeKind::None && probe.timeout > probe.interval {
+            warnings.push(format!(
+                "health.timeout ({}) is longer than health.interval ({}): a member that does not answer holds up the next round of probes, so probes run at most every {}",
+                crate::human(probe.timeout),
+                crate::human(probe.interval),
+                crate::human(probe.timeout),
+            ));
+        }
+
+        let mut all_warnings = c.warnings.take();
+        all_warnings.extend(warnings);
+        let warnings = all_warnings;
 
         Ok(Config {
             listeners,

@@ -49,17 +49,25 @@ pub struct LsnatArgs {
     /// Registrar to resolve the pool at, ADDR:PORT (repeatable; tried in order).
     #[arg(long = "registrar", value_name = "ADDR")]
     pub registrar: Vec<String>,
-    /// Transport to the registrar: auto (SCTP where the kernel has it), sctp or tcp.
-    #[arg(long, value_name = "auto|sctp|tcp")]
+    /// ASAP transport to the registrar: auto (SCTP where the kernel has it, else the TCP
+    /// mapping), sctp or tcp. [default: auto]
+    #[arg(long, value_name = "auto|sctp|tcp", value_parser = ["auto", "sctp", "tcp"])]
+    pub transport: Option<String>,
+    /// Deprecated spelling of `--transport`.
+    #[arg(long, hide = true, value_name = "auto|sctp|tcp", value_parser = ["auto", "sctp", "tcp"])]
     pub registrar_transport: Option<String>,
     /// Load-share policy: round-robin, weighted-round-robin, least-sessions,
     /// weighted-least-sessions, least-traffic, weighted-least-traffic, route-cost, random,
     /// weighted-random, or pool (the RSerPool pool's own policy; the default with
-    /// --pool-handle).
+    /// --pool-handle). Aliases are listed in docs/lsnat.md.
     #[arg(long, value_name = "NAME")]
     pub policy: Option<String>,
-    /// Address of the HTTP status and metrics endpoint (GET /status, GET /metrics).
-    #[arg(long, value_name = "ADDR")]
+    /// Address of the HTTP endpoint: GET /metrics (Prometheus), GET /status (JSON),
+    /// GET /healthz.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+    /// Deprecated spelling of `--metrics`.
+    #[arg(long, hide = true, value_name = "ADDR:PORT")]
     pub status: Option<String>,
     /// Tokio worker threads (default: one per core).
     #[arg(long, value_name = "N")]
@@ -72,20 +80,44 @@ pub struct LsnatArgs {
 impl LsnatArgs {
     /// The configuration these arguments describe.
     pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut warnings = Vec::new();
+        if self.status.is_some() {
+            warnings.push("--status is deprecated; write --metrics".to_string());
+        }
+        if self.registrar_transport.is_some() {
+            warnings.push("--registrar-transport is deprecated; write --transport".to_string());
+        }
         let ov = Overrides {
             listen: self.listen.clone(),
             members: self.member.clone(),
             policy: self.policy.clone(),
-            status: self.status.clone(),
+            metrics: self.metrics.clone().or_else(|| self.status.clone()),
             threads: self.threads,
             pool_handle: self.pool_handle.clone(),
             registrars: self.registrar.clone(),
-            registrar_transport: self.registrar_transport.clone(),
+            transport: self
+                .transport
+                .clone()
+                .or_else(|| self.registrar_transport.clone()),
+            warnings,
         };
         match &self.config {
             Some(path) => Config::from_file(path, &ov),
             None => Config::from_overrides(&ov),
         }
+    }
+}
+
+/// `println!` that ends the program quietly (with success) when stdout is a closed pipe.
+fn print_line(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("rserpool lsnat: writing to stdout: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -103,10 +135,18 @@ pub fn run(args: &LsnatArgs) -> anyhow::Result<()> {
         )
         .try_init();
     if args.check {
-        println!("{}", summary(&config));
+        print_line(&summary(&config));
         for w in &config.warnings {
-            println!("warning: {w}");
+            print_line(&format!("warning: {w}"));
         }
+        // What it would bind, bound now (and let go): a port in use is found before the start.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("building the tokio runtime")?;
+        rt.block_on(driver::try_bind(&config))
+            .context("the configuration is valid, but it cannot be served here")?;
+        print_line("configuration ok; every address can be bound");
         return Ok(());
     }
     // One worker: a current-thread runtime does the same work without the work-stealing
@@ -139,11 +179,25 @@ pub fn member_source(config: &Config) -> Box<dyn MemberSource> {
     }
 }
 
-/// Serves `config` with members from `source` until Ctrl-C or SIGTERM.
+/// Serves `config` with members from `source` until Ctrl-C or SIGTERM. Once everything is
+/// bound, a one-line banner on stdout says where (as the registrar's does).
 pub async fn serve_with(config: Config, source: Box<dyn MemberSource>) -> anyhow::Result<()> {
     let running = start(config, source)
         .await
         .context("starting the gateway")?;
+    let listeners: Vec<String> = running
+        .listeners()
+        .iter()
+        .map(|(p, a)| format!("{}:{a}", p.name()))
+        .collect();
+    print_line(&format!(
+        "lsnat gateway serving {}{}",
+        listeners.join(", "),
+        running
+            .status_address()
+            .map(|a| format!(", metrics at http://{a}/metrics, status at http://{a}/status"))
+            .unwrap_or_default()
+    ));
     wait_for_signal().await;
     tracing::info!("stopping");
     running.shutdown().await;
@@ -165,7 +219,21 @@ async fn wait_for_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-/// A one-paragraph description of a configuration.
+/// A duration as people write it: "2s", "1m 30s", "250ms", "0s" (never Rust's `{:?}`).
+pub fn human(d: std::time::Duration) -> String {
+    if d.is_zero() {
+        return "0s".into();
+    }
+    // Below a millisecond nothing the gateway does is that precise.
+    let d = if d >= std::time::Duration::from_millis(1) {
+        std::time::Duration::from_millis(d.as_millis() as u64)
+    } else {
+        d
+    };
+    humantime::format_duration(d).to_string()
+}
+
+/// A one-paragraph description of a configuration, in words and human durations.
 pub fn summary(c: &Config) -> String {
     let listeners: Vec<String> = c
         .listeners
@@ -173,34 +241,51 @@ pub fn summary(c: &Config) -> String {
         .map(|l| format!("{}:{}", l.protocol.name(), l.address))
         .collect();
     let members: Vec<String> = match &c.rserpool {
-        Some(r) => vec![format!(
-            "the PEs of RSerPool pool {} (registrars {:?}, refreshed every {:?})",
-            r.pool_handle, r.registrars, r.refresh
-        )],
+        Some(r) => {
+            let registrars: Vec<String> = r.registrars.iter().map(|a| a.to_string()).collect();
+            vec![format!(
+                "the PEs of RSerPool pool {} (registrars {}, refreshed every {})",
+                r.pool_handle,
+                registrars.join(", "),
+                human(r.refresh)
+            )]
+        }
         None => c
             .members
             .iter()
-            .map(|m| format!("{} (weight {}, cost {:?})", m.address, m.weight, m.cost))
+            .map(|m| format!("{} (weight {}, cost {})", m.address, m.weight, m.cost))
             .collect(),
     };
+    let probe = match c.probe.kind {
+        config::ProbeKind::None => "none (passive evidence only)".to_string(),
+        kind => format!(
+            "{} every {} (timeout {})",
+            if kind == config::ProbeKind::Tcp { "tcp" } else { "udp" },
+            human(c.probe.interval),
+            human(c.probe.timeout)
+        ),
+    };
+    let persistence = if c.core.persistence.timeout.is_zero() {
+        "off".to_string()
+    } else {
+        human(c.core.persistence.timeout)
+    };
     format!(
-        "listeners: {}\npolicy: {}\nmembers: {}\nprobe: {:?} every {:?} (timeout {:?}), fall {}, rise {}, slow start {:?}\nlimits: {} sessions, {} per member\ntimers: tcp established {:?}, tcp transitory {:?}, rst linger {:?}, udp {:?}\npersistence: {:?}\nstatus: {}",
+        "listeners: {}\npolicy: {}\nmembers: {}\nprobe: {probe}, fall {}, rise {}, slow start {}\nlimits: {} sessions, {} per member\ntimers: tcp established {}, tcp transitory {}, rst linger {}, udp {}\npersistence: {persistence}\nmetrics: {}",
         listeners.join(", "),
-        c.core.policy,
+        c.core.policy.name(),
         members.join(", "),
-        c.probe.kind,
-        c.probe.interval,
-        c.probe.timeout,
         c.core.health.liveness.fall,
         c.core.health.liveness.rise,
-        c.core.health.liveness.slow_start,
+        human(c.core.health.liveness.slow_start),
         c.core.limits.max_sessions,
         c.core.limits.max_sessions_per_member,
-        c.core.timers.tcp_established,
-        c.core.timers.tcp_transitory,
-        c.core.timers.tcp_rst_linger,
-        c.core.timers.udp,
-        c.core.persistence.timeout,
-        c.status.map(|s| s.to_string()).unwrap_or_else(|| "off".into()),
+        human(c.core.timers.tcp_established),
+        human(c.core.timers.tcp_transitory),
+        human(c.core.timers.tcp_rst_linger),
+        human(c.core.timers.udp),
+        c.status
+            .map(|s| format!("http://{s}/metrics"))
+            .unwrap_or_else(|| "off".into()),
     )
 }

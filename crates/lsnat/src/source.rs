@@ -137,12 +137,18 @@ impl MemberSource for RserpoolSource {
             .await?;
             let mut known: Vec<String> = Vec::new();
             let mut refused_logged: std::collections::HashSet<String> = Default::default();
+            // What the last resolution said, so that a state is logged when it begins, not at
+            // every refresh.
+            let mut last_problem: Option<String> = None;
             let mut tick = tokio::time::interval(c.refresh);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let members = match client.resolve(c.pool_handle.clone()).await {
                     Ok(r) => {
+                        if last_problem.take().is_some() {
+                            tracing::info!(pool = %c.pool_handle, pes = r.pool_elements.len(), "pool resolved");
+                        }
                         let mut members = Vec::new();
                         for pe in &r.pool_elements {
                             match MemberSpec::from_pool_element(pe, c.protocol) {
@@ -157,9 +163,24 @@ impl MemberSource for RserpoolSource {
                         members
                     }
                     // No PE left: the registrar forgets a pool with its last PE.
-                    Err(ResolveError::UnknownPoolHandle) => Vec::new(),
+                    Err(ResolveError::UnknownPoolHandle) => {
+                        let problem = "unknown pool".to_string();
+                        if last_problem.as_ref() != Some(&problem) {
+                            tracing::warn!(
+                                pool = %c.pool_handle,
+                                registrars = ?c.registrars,
+                                "the registrar does not know this pool (no PE registered under this handle): no members until one registers"
+                            );
+                            last_problem = Some(problem);
+                        }
+                        Vec::new()
+                    }
                     Err(e) => {
-                        tracing::warn!(pool = %c.pool_handle, error = %e, "handle resolution failed; keeping the last membership");
+                        let problem = e.to_string();
+                        if last_problem.as_ref() != Some(&problem) {
+                            tracing::warn!(pool = %c.pool_handle, error = %e, "handle resolution failed; keeping the last membership");
+                            last_problem = Some(problem);
+                        }
                         continue;
                     }
                 };

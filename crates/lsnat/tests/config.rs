@@ -9,6 +9,8 @@ use rserpool_lsnat::{Config, ConfigError, LsnatArgs, Overrides};
 use std::time::Duration;
 
 const GOOD: &str = r#"
+metrics = "127.0.0.1:9090"
+
 [[listener]]
 address = "127.0.0.1:8080"
 protocol = "tcp"
@@ -22,26 +24,45 @@ policy = "weighted-least-sessions"
 members = [
   { address = "127.0.0.1:9000", weight = 3, cost = 10 },
   { address = "127.0.0.1:9001", weight = 0 },
-  { address = "[::1]:9002", cost = "unreachable", max_sessions = 5 },
+  { address = "[::1]:9002", cost = "unreachable", max-sessions = 5 },
 ]
 
 [timers]
 udp = "10m"
-tcp_established = 7200
+tcp-established = "2h"
 
 [health]
 interval = "500ms"
+timeout = "400ms"
 fall = 2
 send = "ping\n"
 expect = "pong"
-panic_threshold = 50
+panic-threshold = 50
 
 [limits]
-max_sessions = 100
+max-sessions = 100
 
 [persistence]
 timeout = "5m"
-netmask_v4 = 24
+netmask-v4 = 24
+
+"#;
+
+/// The same file in the spelling of the first release: snake_case keys, bare numbers of seconds,
+/// `[status] address`.
+const OLD_SPELLING: &str = r#"
+[[listener]]
+address = "127.0.0.1:8080"
+
+[pool]
+traffic_window = 20
+members = [{ address = "127.0.0.1:9000", max_sessions = 5 }]
+
+[timers]
+tcp_established = 7200
+
+[health]
+panic_threshold = 50
 
 [status]
 address = "127.0.0.1:9090"
@@ -74,8 +95,50 @@ fn a_full_file_is_read() {
     assert_eq!(c.core.persistence.netmask_v4, 24);
     assert_eq!(c.core.limits.max_sessions, 100);
     assert!(c.status.is_some());
-    // 7200 s is below RFC 5382's 2 h 4 min: accepted, with a warning.
-    assert!(c.warnings.iter().any(|w| w.contains("tcp_established")));
+    // 2 h is below RFC 5382's 2 h 4 min: accepted, with a warning in words.
+    assert_eq!(
+        c.warnings,
+        vec!["timers.tcp-established = \"2h\" is below the RFC 5382 REQ-5 floor of 2h 4m"]
+    );
+}
+
+#[test]
+fn the_old_spelling_still_works_with_a_warning_for_each_change() {
+    let c = parse(OLD_SPELLING).unwrap();
+    assert_eq!(c.members[0].max_sessions, Some(5));
+    assert_eq!(c.core.traffic_window, Duration::from_secs(20));
+    assert_eq!(c.core.timers.tcp_established, Duration::from_secs(7200));
+    assert_eq!(c.core.health.panic_threshold_percent, 50);
+    assert_eq!(c.status, Some("127.0.0.1:9090".parse().unwrap()));
+    let w = c.warnings.join("\n");
+    for expected in [
+        "`traffic_window` is a deprecated spelling (snake_case); write `traffic-window`",
+        "`max_sessions` is a deprecated spelling (snake_case); write `max-sessions` (at pool.members[0].max-sessions)",
+        "`panic_threshold` is a deprecated spelling",
+        "pool.traffic-window: a bare number of seconds is deprecated; write \"20s\"",
+        "timers.tcp-established: a bare number of seconds is deprecated; write \"2h\"",
+        "`[status] address` is deprecated; write `metrics = \"ADDR:PORT\"`",
+    ] {
+        assert!(w.contains(expected), "no {expected:?} in\n{w}");
+    }
+    // The deprecated flags too.
+    let args = LsnatArgs {
+        listen: vec!["127.0.0.1:8080".into()],
+        pool_handle: Some("P".into()),
+        registrar: vec!["127.0.0.1:3863".into()],
+        registrar_transport: Some("tcp".into()),
+        status: Some("127.0.0.1:9091".into()),
+        ..LsnatArgs::default()
+    };
+    let c = args.load().unwrap();
+    assert_eq!(c.status, Some("127.0.0.1:9091".parse().unwrap()));
+    assert_eq!(
+        c.rserpool.unwrap().transport,
+        rserpool_transport::TransportChoice::Tcp
+    );
+    let w = c.warnings.join("\n");
+    assert!(w.contains("--status is deprecated; write --metrics"), "{w}");
+    assert!(w.contains("--registrar-transport is deprecated; write --transport"), "{w}");
 }
 
 #[test]
@@ -123,7 +186,7 @@ fn malformed_files_name_the_field() {
     assert!(e.contains("timers.udp"), "{e}");
     let e = error(&format!("{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[health]\npanic_threshold = 150\n"));
     assert!(
-        e.contains("health.panic_threshold") && e.contains("0..=100"),
+        e.contains("health.panic-threshold") && e.contains("0..=100"),
         "{e}"
     );
     let e = error(&format!("{base}[pool]\nmembers = []\n"));
@@ -146,9 +209,9 @@ fn malformed_files_name_the_field() {
     let e = error("this is not toml");
     assert!(e.contains("line 1"), "{e}");
     let e = error(&format!(
-        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[limits]\nmax_sessions = 0\n"
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[limits]\nmax-sessions = 0\n"
     ));
-    assert!(e.contains("limits.max_sessions"), "{e}");
+    assert!(e.contains("limits.max-sessions"), "{e}");
 }
 
 #[test]
@@ -160,7 +223,7 @@ fn flags_alone_make_a_configuration() {
             "127.0.0.1:9001,1,unreachable".into(),
         ],
         policy: Some("wrr".into()),
-        status: Some("127.0.0.1:0".into()),
+        metrics: Some("127.0.0.1:0".into()),
         threads: Some(1),
         ..LsnatArgs::default()
     };
@@ -184,10 +247,12 @@ fn flags_alone_make_a_configuration() {
 fn durations_parse() {
     assert_eq!(parse_duration("2h4m").unwrap(), Duration::from_secs(7440));
     assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-    assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+    assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
     assert!(parse_duration("").is_err());
     assert!(parse_duration("ms").is_err());
-    assert!(parse_duration("5").is_ok());
+    // A unit is needed (a bare number in a file is read for one release, with a warning).
+    let e = parse_duration("30").unwrap_err();
+    assert!(e.contains("\"30s\""), "{e}");
     assert!(parse_duration("99999999999999999999999s").is_err());
 }
 
@@ -210,7 +275,7 @@ fn command_line_parses_into_lsnat_args() {
         "127.0.0.1:9000,2",
         "--policy",
         "least-sessions",
-        "--status",
+        "--metrics",
         "127.0.0.1:9090",
         "--threads",
         "1",
@@ -222,4 +287,44 @@ fn command_line_parses_into_lsnat_args() {
     assert_eq!(c.listeners.len(), 2);
     assert_eq!(c.core.policy, LoadSharePolicy::LeastSessions);
     assert!(Cli::try_parse_from(["lsnat", "--threads", "many"]).is_err());
+}
+
+#[test]
+fn check_refuses_what_would_bite_at_run_time() {
+    let e = error("[[listener]]\naddress = \"127.0.0.1:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:9000\" }, { address = \"127.0.0.1:8080\" }]\n");
+    assert!(
+        e.contains("pool.members[1].address") && e.contains("the gateway's own listener[0]"),
+        "{e}"
+    );
+    let e = error("[[listener]]\naddress = \"0.0.0.0:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:8080\" }]\n");
+    assert!(e.contains("own listener"), "a wildcard listener covers 127.0.0.1: {e}");
+    let e = error("metrics = \"127.0.0.1:8080\"\n[[listener]]\naddress = \"127.0.0.1:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:9000\" }]\n");
+    assert!(e.contains("field `metrics`") && e.contains("also listener[0]"), "{e}");
+    let e = error("[[listener]]\naddress = \"127.0.0.1:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:9000\", weight = 0 }, { address = \"127.0.0.1:9001\", cost = \"unreachable\" }, { address = \"127.0.0.1:9002\", max-sessions = 0 }]\n");
+    assert!(e.contains("no member can ever take a session"), "{e}");
+    let c = parse("[[listener]]\naddress = \"127.0.0.1:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:9000\" }]\n[health]\ninterval = \"1s\"\ntimeout = \"3s\"\n").unwrap();
+    assert!(
+        c.warnings.iter().any(|w| w.contains("health.timeout (3s) is longer than health.interval (1s)")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn the_summary_speaks_words_and_human_durations() {
+    let c = parse(GOOD).unwrap();
+    let s = rserpool_lsnat::summary(&c);
+    for rust in ["Finite(", "None", "0ns", "Some(", "Tcp", "{"] {
+        assert!(!s.contains(rust), "{rust:?} in\n{s}");
+    }
+    assert!(s.contains("cost 10"), "{s}");
+    assert!(s.contains("cost unreachable"), "{s}");
+    assert!(s.contains("probe: tcp every 500ms (timeout 400ms)"), "{s}");
+    assert!(s.contains("tcp established 2h,"), "{s}");
+    assert!(s.contains("persistence: 5m"), "{s}");
+    let d = parse("[[listener]]\naddress = \"127.0.0.1:80\"\nprotocol = \"udp\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n").unwrap();
+    let s = rserpool_lsnat::summary(&d);
+    assert!(s.contains("probe: none"), "{s}");
+    assert!(s.contains("persistence: off"), "{s}");
+    assert!(s.contains("tcp established 2h 4m,"), "{s}");
 }

@@ -536,7 +536,7 @@ fn panic_threshold_ignores_health_when_too_few_are_live() {
     assert!(got.contains(&1) && got.contains(&4), "{got:?}");
     assert!(g
         .render_metrics()
-        .contains("lsnat_panic_selections_total 9"));
+        .contains("rserpool_lsnat_panic_selections_total 9"));
 }
 
 #[test]
@@ -562,7 +562,7 @@ fn limits_refuse_and_count() {
     assert!(r.selected.is_empty() && r.bound.is_none());
     assert!(g
         .render_metrics()
-        .contains("lsnat_refused_total{reason=\"member_limit\"} 1"));
+        .contains("rserpool_lsnat_refused_total{reason=\"member_limit\"} 1"));
 }
 
 #[test]
@@ -596,8 +596,8 @@ fn session_on_a_member_that_dies_is_lost_never_completed() {
     // The other member's session is untouched.
     assert!(g.receipt(b).is_some());
     let metrics = g.render_metrics();
-    assert!(metrics.contains("lsnat_outcomes_total{outcome=\"member_lost\"} 1"));
-    assert!(metrics.contains("lsnat_outcomes_total{outcome=\"closed\"} 0"));
+    assert!(metrics.contains("rserpool_lsnat_outcomes_total{outcome=\"member_lost\"} 1"));
+    assert!(metrics.contains("rserpool_lsnat_outcomes_total{outcome=\"closed\"} 0"));
 }
 
 #[test]

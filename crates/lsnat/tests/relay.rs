@@ -152,7 +152,7 @@ fn config(members: &[SocketAddr], extra: &str) -> Config {
         .map(|a| format!("{{ address = \"{a}\" }}"))
         .collect();
     let text = format!(
-        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"udp\"\n[status]\naddress = \"127.0.0.1:0\"\n[pool]\nmembers = [{}]\n{extra}",
+        "metrics = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"udp\"\n[pool]\nmembers = [{}]\n{extra}",
         list.join(", ")
     );
     Config::from_toml(&text, "test", &Overrides::default()).unwrap()
@@ -216,7 +216,7 @@ async fn bulk_transfers_arrive_intact_and_counted_with_and_without_splice() {
         let gw = gateway(
             &[a.addr],
             &format!(
-                "[health]\nprobe = \"none\"\n[runtime]\nsplice = {splice}\nbuffer_size = 4096\n"
+                "[health]\nprobe = \"none\"\n[runtime]\nsplice = {splice}\nbuffer-size = 4096\n"
             ),
         )
         .await;
@@ -291,12 +291,12 @@ async fn tcp_relay_case(extra: &str) {
     let m = gw.metrics();
     assert!(
         m.contains(&format!(
-            "lsnat_member_reached_total{{member=\"{}\"}} 2",
+            "rserpool_lsnat_member_reached_total{{member=\"{}\"}} 2",
             a.addr
         )),
         "{m}"
     );
-    assert!(m.contains("lsnat_outcomes_total{outcome=\"closed\"} 4"));
+    assert!(m.contains("rserpool_lsnat_outcomes_total{outcome=\"closed\"} 4"));
     gw.shutdown().await;
 }
 
@@ -382,11 +382,11 @@ async fn udp_flows_bind_per_client_and_end_by_idle_timer() {
         .unwrap()
         .unwrap();
     assert_eq!(&buf[..n], b"again");
-    assert!(gw.metrics().contains("lsnat_sessions_opened_total 3"));
+    assert!(gw.metrics().contains("rserpool_lsnat_sessions_opened_total 3"));
     gw.shutdown().await;
 }
 
-const FAST_PROBES: &str = "[health]\ninterval = \"100ms\"\ntimeout = \"300ms\"\nfall = 2\nrise = 2\nslow_start = \"500ms\"\nsend = \"ping\\n\"\nexpect = \"ping\"\n";
+const FAST_PROBES: &str = "[health]\ninterval = \"100ms\"\ntimeout = \"300ms\"\nfall = 2\nrise = 2\nslow-start = \"500ms\"\nsend = \"ping\\n\"\nexpect = \"ping\"\n";
 
 /// Connects until a session lands on `target`; returns that connection (echo checked).
 async fn session_on(gw: &Running, target: SocketAddr) -> TcpStream {
@@ -464,7 +464,7 @@ async fn killed_member_gets_no_new_bindings_and_its_sessions_are_lost() {
     let m = gw.metrics();
     assert!(
         m.contains(&format!(
-            "lsnat_member_outcomes_total{{member=\"{}\",outcome=\"member_lost\"}} 1",
+            "rserpool_lsnat_member_outcomes_total{{member=\"{}\",outcome=\"member_lost\"}} 1",
             child.addr
         )),
         "{m}"
@@ -531,7 +531,7 @@ async fn stopped_member_is_judged_dead_then_returns_with_slow_start() {
     let transitions = gw.metrics();
     assert!(
         transitions.contains(&format!(
-            "lsnat_member_transitions_total{{member=\"{}\",to=\"probation\"}} 1",
+            "rserpool_lsnat_member_transitions_total{{member=\"{}\",to=\"probation\"}} 1",
             child.addr
         )),
         "{transitions}"
@@ -579,7 +579,7 @@ async fn sessions_over_the_limit_are_refused_and_counted() {
     let a = echo().await;
     let gw = gateway(
         &[a.addr],
-        "[health]\nprobe = \"none\"\n[limits]\nmax_sessions = 2\n",
+        "[health]\nprobe = \"none\"\n[limits]\nmax-sessions = 2\n",
     )
     .await;
     let vip = gw.listener(Protocol::Tcp).unwrap();
@@ -600,7 +600,7 @@ async fn sessions_over_the_limit_are_refused_and_counted() {
     wait_until("the refusal", || gw.status().recent_outcomes.len() == 1).await;
     let m = gw.metrics();
     assert!(
-        m.contains("lsnat_refused_total{reason=\"max_sessions\"} 1"),
+        m.contains("rserpool_lsnat_refused_total{reason=\"max_sessions\"} 1"),
         "{m}"
     );
     let st = gw.status();
@@ -679,14 +679,18 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
         a.addr.to_string()
     );
     assert_eq!(v["members"][0]["state"], "alive");
+    // Documented fields, plain values: a cost is a number (or "unreachable").
+    assert_eq!(v["members"][0]["cost"], 0, "{}", v["members"][0]);
+    let health = get(http, "/healthz").await;
+    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
     let metrics = get(http, "/metrics").await;
     assert!(metrics.contains("text/plain; version=0.0.4"));
     for family in [
-        "lsnat_member_selected_total",
-        "lsnat_member_bound_total",
-        "lsnat_member_reached_total",
-        "lsnat_outcomes_total",
-        "lsnat_refused_total",
+        "rserpool_lsnat_member_selected_total",
+        "rserpool_lsnat_member_bound_total",
+        "rserpool_lsnat_member_reached_total",
+        "rserpool_lsnat_outcomes_total",
+        "rserpool_lsnat_refused_total",
     ] {
         assert!(metrics.contains(&format!("# TYPE {family}")), "{family}");
     }
@@ -699,7 +703,7 @@ async fn idle_tcp_session_is_closed_by_its_timer() {
     let a = echo().await;
     let gw = gateway(
         &[a.addr],
-        "[health]\nprobe = \"none\"\n[timers]\ntcp_established = \"300ms\"\n",
+        "[health]\nprobe = \"none\"\n[timers]\ntcp-established = \"300ms\"\n",
     )
     .await;
     let vip = gw.listener(Protocol::Tcp).unwrap();
@@ -786,5 +790,82 @@ async fn udp_datagrams_refused_by_the_member_end_the_flow_as_connect_failed() {
     );
     assert!(st.recent_outcomes[0].reached_ms.is_none());
     assert_eq!(member_state(&st, closed), "dead");
+    gw.shutdown().await;
+}
+
+/// The value of the first metrics line that starts with `prefix` (any metric prefix).
+fn metric(text: &str, name_and_labels: &str) -> u64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            name.ends_with(name_and_labels).then(|| value.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no metric {name_and_labels} in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_receipts_count_every_byte_of_short_and_long_flows() {
+    let echo = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let member = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        while let Ok((n, from)) = echo.recv_from(&mut buf).await {
+            let _ = echo.send_to(&buf[..n], from).await;
+        }
+    });
+    // Idle timer 400 ms, so reports go every 50 ms: the long flow spans many reports, the short
+    // ones end before their first report.
+    let gw = gateway(
+        &[member],
+        "[health]\nprobe = \"none\"\n[timers]\nudp = \"400ms\"\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Udp).unwrap();
+    let mut expected = Vec::new();
+    // Two short flows (one datagram, then three), one long one (2 180 bytes over ~1 s).
+    let flows: [Vec<usize>; 3] = [
+        vec![100],
+        vec![700, 500, 500],
+        (0..40).map(|i| 40 + (i * 7) % 30).collect(),
+    ];
+    for sizes in &flows {
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut total = 0u64;
+        for (i, &n) in sizes.iter().enumerate() {
+            let msg = vec![b'a' + (i % 26) as u8; n];
+            c.send_to(&msg, vip).await.unwrap();
+            let mut buf = [0u8; 4096];
+            let (got, _) = tokio::time::timeout(Duration::from_secs(5), c.recv_from(&mut buf))
+                .await
+                .expect("udp echo through the gateway")
+                .unwrap();
+            assert_eq!(got, n);
+            total += n as u64;
+            if sizes.len() > 10 {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+        expected.push((c.local_addr().unwrap(), total));
+    }
+    wait_until("every flow to idle out", || {
+        gw.status().active_sessions == 0
+    })
+    .await;
+    let st = gw.status();
+    for (client, total) in &expected {
+        let r = st
+            .recent_outcomes
+            .iter()
+            .find(|r| r.client == *client)
+            .expect("a receipt per flow");
+        assert_eq!(r.bytes_to_member, *total, "client to member, {client}");
+        assert_eq!(r.bytes_to_client, *total, "member to client, {client}");
+    }
+    let sum: u64 = expected.iter().map(|(_, t)| t).sum();
+    assert_eq!(sum, 100 + 1700 + flows[2].iter().sum::<usize>() as u64);
+    let m = gw.metrics();
+    assert_eq!(metric(&m, "bytes_total{direction=\"to_member\"}"), sum);
+    assert_eq!(metric(&m, "bytes_total{direction=\"to_client\"}"), sum);
     gw.shutdown().await;
 }

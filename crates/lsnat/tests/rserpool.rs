@@ -97,7 +97,7 @@ async fn members_follow_the_registrar_and_the_pool_policy() {
         listen: vec!["tcp:127.0.0.1:0".into()],
         pool_handle: Some("WebPool".into()),
         registrars: vec![registrar.to_string()],
-        registrar_transport: Some("tcp".into()),
+        transport: Some("tcp".into()),
         ..Overrides::default()
     })
     .unwrap();
@@ -152,23 +152,23 @@ fn rserpool_configuration_errors_name_the_field() {
     };
     let base = "[[listener]]\naddress = \"127.0.0.1:8080\"\n";
     assert!(err(&format!(
-        "{base}[pool.rserpool]\npool_handle = \"\"\nregistrars = [\"127.0.0.1:3863\"]\n"
+        "{base}[pool.rserpool]\npool-handle = \"\"\nregistrars = [\"127.0.0.1:3863\"]\n"
     ))
-    .contains("pool.rserpool.pool_handle"));
+    .contains("pool.rserpool.pool-handle"));
     assert!(
-        err(&format!("{base}[pool.rserpool]\npool_handle = \"P\"\n"))
+        err(&format!("{base}[pool.rserpool]\npool-handle = \"P\"\n"))
             .contains("pool.rserpool.registrars")
     );
     assert!(err(&format!(
-        "{base}[pool.rserpool]\npool_handle = \"P\"\nregistrars = [\"nowhere\"]\n"
+        "{base}[pool.rserpool]\npool-handle = \"P\"\nregistrars = [\"nowhere\"]\n"
     ))
     .contains("pool.rserpool.registrars[0]"));
-    assert!(err(&format!("{base}[pool.rserpool]\npool_handle = \"P\"\nregistrars = [\"127.0.0.1:3863\"]\ntransport = \"quic\"\n"))
+    assert!(err(&format!("{base}[pool.rserpool]\npool-handle = \"P\"\nregistrars = [\"127.0.0.1:3863\"]\ntransport = \"quic\"\n"))
         .contains("pool.rserpool.transport"));
-    assert!(err(&format!("{base}[pool]\nmembers = [{{ address = \"127.0.0.1:1\" }}]\n[pool.rserpool]\npool_handle = \"P\"\nregistrars = [\"127.0.0.1:3863\"]\n"))
+    assert!(err(&format!("{base}[pool]\nmembers = [{{ address = \"127.0.0.1:1\" }}]\n[pool.rserpool]\npool-handle = \"P\"\nregistrars = [\"127.0.0.1:3863\"]\n"))
         .contains("not both"));
     let ok = Config::from_toml(
-        &format!("{base}[pool.rserpool]\npool_handle = \"P\"\nregistrars = [\"127.0.0.1:3863\"]\nrefresh = \"250ms\"\n"),
+        &format!("{base}[pool.rserpool]\npool-handle = \"P\"\nregistrars = [\"127.0.0.1:3863\"]\nrefresh = \"250ms\"\n"),
         "test",
         &Overrides::default(),
     )

@@ -524,9 +524,13 @@ impl Registrar {
                 return Err((
                     ErrorCause::new(CauseCode::InvalidValues),
                     format!(
-                        "no address of the association ({:?}) has scope {} or wider",
-                        peer.addresses,
-                        self.config.min_address_scope.name()
+                        "no address of the association has the minimum address scope: {}",
+                        why_dropped(
+                            &peer.addresses,
+                            &peer.addresses,
+                            self.config.min_address_scope,
+                            false
+                        )
                     ),
                 ));
             }
@@ -650,10 +654,8 @@ impl Registrar {
                 return invalid(
                     t.to_parameter().unwrap_or_default(),
                     format!(
-                        "no usable user transport address: {:?} are not addresses of the association ({:?}) with scope {} or wider",
-                        drop,
-                        peer.addresses,
-                        min_scope.name()
+                        "no usable user transport address: {}",
+                        why_dropped(&drop, &peer.addresses, min_scope, check_peer)
                     ),
                 );
             }
@@ -946,4 +948,48 @@ impl Registrar {
             cause,
         });
     }
+}
+
+/// Why addresses were not accepted, for the log and the operator: the scope (with the setting
+/// that changes it) or the association (RFC 5352 §2.2.1), address by address.
+fn why_dropped(
+    dropped: &[IpAddr],
+    association: &[IpAddr],
+    min_scope: AddressScope,
+    check_peer: bool,
+) -> String {
+    let mut narrow = Vec::new();
+    let mut foreign = Vec::new();
+    for a in dropped {
+        if AddressScope::of(a) < min_scope {
+            narrow.push(*a);
+        } else if check_peer && !association.contains(a) {
+            foreign.push(a.to_string());
+        }
+    }
+    let mut parts = Vec::new();
+    if !narrow.is_empty() {
+        let needed = narrow
+            .iter()
+            .map(AddressScope::of)
+            .min()
+            .unwrap_or(AddressScope::Unspecified);
+        let narrow: Vec<String> = narrow.iter().map(|a| a.to_string()).collect();
+        parts.push(format!(
+            "{} narrower than the minimum address scope {} (min-address-scope = {} accepts {})",
+            narrow.join(", "),
+            min_scope.name(),
+            needed.name(),
+            if narrow.len() == 1 { "it" } else { "them" }
+        ));
+    }
+    if !foreign.is_empty() {
+        let assoc: Vec<String> = association.iter().map(|a| a.to_string()).collect();
+        parts.push(format!(
+            "{} not among the association's addresses ({})",
+            foreign.join(", "),
+            assoc.join(", ")
+        ));
+    }
+    parts.join("; ")
 }

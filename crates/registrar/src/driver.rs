@@ -33,9 +33,12 @@ pub struct DriverConfig {
     pub asap_listen: Vec<SocketAddr>,
     /// Plain-TCP ASAP listeners for pool users' handle resolutions (RFC 5352 §3.3).
     pub plain_tcp_listen: Vec<SocketAddr>,
-    /// Interface (by IPv4 address) the announces go out on; `None` lets the kernel choose.
+    /// Interface (by IPv4 address) the announces go out on; `None`: the interfaces of the
+    /// ASAP listening addresses (loopback only for a registrar on 127.0.0.1, each interface for
+    /// 0.0.0.0), see [`rserpool_transport::multicast::announce_interfaces`].
     pub announce_interface: Option<std::net::Ipv4Addr>,
-    /// TTL of announces (RSPLIB: 30).
+    /// TTL of announces: 1 keeps them on the local link (RSPLIB uses 30; set it where
+    /// registrars and PEs are routers apart).
     pub announce_ttl: u32,
     /// Prometheus metrics at `http://ADDR/metrics`.
     pub metrics_listen: Option<SocketAddr>,
@@ -47,15 +50,17 @@ pub struct DriverConfig {
 }
 
 impl DriverConfig {
-    /// Defaults: ASAP on the well-known port of every address, transport chosen by the kernel.
+    /// Defaults: ASAP on the well-known port of the loopback address (nothing beyond the host
+    /// unless asked), announces on the loopback interface with TTL 1, transport chosen by the
+    /// kernel.
     pub fn new(core: RegistrarConfig) -> Self {
         DriverConfig {
             core,
             transport: TransportChoice::Auto,
-            asap_listen: vec![SocketAddr::from(([0, 0, 0, 0], 3863))],
+            asap_listen: vec![SocketAddr::from(([127, 0, 0, 1], 3863))],
             plain_tcp_listen: Vec::new(),
             announce_interface: None,
-            announce_ttl: 30,
+            announce_ttl: 1,
             metrics_listen: None,
             endpoint: EndpointConfig::new(TransportChoice::Auto),
             max_held_answers: 1024,
@@ -76,8 +81,22 @@ pub struct Running {
     pub plain_tcp_addrs: Vec<SocketAddr>,
     /// The metrics address actually bound.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where server announces go: one socket per interface, with the interface and TTL the
+    /// kernel reports for it (empty: announces off).
+    pub announces: Vec<AnnounceSocket>,
     /// The counters, updated after every step.
     pub metrics: Arc<Mutex<Metrics>>,
+}
+
+/// One announce socket as the kernel has it set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnnounceSocket {
+    /// The group and port announces go to.
+    pub group: SocketAddr,
+    /// The interface (`IP_MULTICAST_IF`) they leave by.
+    pub interface: std::net::Ipv4Addr,
+    /// Their TTL.
+    pub ttl: u32,
 }
 
 /// Errors that stop the registrar from starting.
@@ -117,7 +136,7 @@ pub async fn run(
 
     // Announce where ASAP is served: explicit addresses as a transport parameter; for wildcard
     // addresses none, so receivers take the announce's source address (RFC 5352 §2.2.10).
-    let mut announce_socket = None;
+    let mut announce_sockets: Vec<MulticastSocket> = Vec::new();
     if let Some(announce) = config.core.announce.as_mut() {
         let bound: Vec<SocketAddr> = endpoint.local_addrs().to_vec();
         if announce.transports.is_empty() && bound.iter().all(|a| !a.ip().is_unspecified()) {
@@ -136,17 +155,31 @@ pub async fn run(
                 });
             }
         }
-        let mc = MulticastConfig {
-            group: announce.group,
-            interfaces: vec![config
-                .announce_interface
-                .map(Interface::V4)
-                .unwrap_or(Interface::Default)],
-            ttl: config.announce_ttl,
-            loopback: true,
-            max_datagram: 65_535,
+        // Announces follow the listening addresses: a registrar on loopback announces on the
+        // loopback interface only, one on specific addresses on their interfaces only.
+        let interfaces = match config.announce_interface {
+            Some(i) => vec![i],
+            None => rserpool_transport::multicast::announce_interfaces(
+                &bound,
+                &rserpool_transport::multicast::ipv4_multicast_interfaces(),
+            ),
         };
-        announce_socket = Some(MulticastSocket::open(&mc)?);
+        if interfaces.is_empty() {
+            tracing::warn!(
+                asap = ?bound,
+                "server announces off: no IPv4 interface among the listening addresses"
+            );
+        }
+        for interface in interfaces {
+            let mc = MulticastConfig {
+                group: announce.group,
+                interfaces: vec![Interface::V4(interface)],
+                ttl: config.announce_ttl,
+                loopback: true,
+                max_datagram: 65_535,
+            };
+            announce_sockets.push(MulticastSocket::open(&mc)?);
+        }
     }
 
     let shared_metrics = Arc::new(Mutex::new(Metrics::default()));
@@ -188,6 +221,18 @@ pub async fn run(
         plain_tcp_addrs: endpoint.plain_asap_addrs().to_vec(),
         metrics_addr,
         metrics: shared_metrics.clone(),
+        announces: announce_sockets
+            .iter()
+            .map(|s| AnnounceSocket {
+                group: s.group(),
+                interface: s
+                    .sending_interface()
+                    .ok()
+                    .flatten()
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+                ttl: s.ttl().unwrap_or(0),
+            })
+            .collect(),
     });
 
     let mut outbox = Outbox::new(config.max_held_answers);
@@ -221,7 +266,7 @@ pub async fn run(
                 }
             }
         }
-        flush(&mut core, &mut outbox, &handle, announce_socket.as_ref()).await;
+        flush(&mut core, &mut outbox, &handle, &announce_sockets).await;
         if let Ok(mut shared) = shared_metrics.lock() {
             shared.clone_from(core.metrics());
             shared.held_answers = outbox.held() as u64;
@@ -281,15 +326,15 @@ async fn flush(
     core: &mut Registrar,
     outbox: &mut Outbox,
     handle: &EndpointHandle,
-    announce: Option<&MulticastSocket>,
+    announce: &[MulticastSocket],
 ) {
     while let Some(t) = core.poll_transmit() {
         match t.destination {
             Destination::Association(a) => outbox.push(a, t.ppid, t.bytes),
             Destination::Announce => {
-                if let Some(s) = announce {
+                for s in announce {
                     if let Err(e) = s.send(&t.bytes).await {
-                        tracing::warn!(error = %e, "cannot send server announce");
+                        tracing::warn!(error = %e, group = %s.group(), "cannot send server announce");
                     }
                 }
             }

@@ -479,10 +479,18 @@ async fn server_announces_reach_the_multicast_group() {
             jitter: 0.125,
             transports: Vec::new(),
         });
-        c.announce_interface = Some(LOCAL.parse().unwrap());
-        c.announce_ttl = 1;
     })
     .await;
+    // No interface or TTL given: a registrar on loopback announces on the loopback interface
+    // only, with TTL 1 (nothing leaves the host).
+    assert_eq!(
+        r.announces,
+        vec![rserpool_registrar::driver::AnnounceSocket {
+            group,
+            interface: LOCAL.parse().unwrap(),
+            ttl: 1,
+        }]
+    );
     let codec = Codec::default();
     let mut announces = 0;
     let until = tokio::time::Instant::now() + Duration::from_secs(5);

@@ -254,6 +254,27 @@ impl MulticastSocket {
         self.group
     }
 
+    /// The interface datagrams go out on, as the kernel has it (`IP_MULTICAST_IF`;
+    /// 0.0.0.0 = chosen by the route). IPv4 groups only; `None` for IPv6.
+    pub fn sending_interface(&self) -> io::Result<Option<Ipv4Addr>> {
+        if !self.group.is_ipv4() {
+            return Ok(None);
+        }
+        socket2::SockRef::from(&self.socket)
+            .multicast_if_v4()
+            .map(Some)
+    }
+
+    /// The TTL (IPv4) or hop limit (IPv6) of sent datagrams, as the kernel has it.
+    pub fn ttl(&self) -> io::Result<u32> {
+        let s = socket2::SockRef::from(&self.socket);
+        if self.group.is_ipv4() {
+            s.multicast_ttl_v4()
+        } else {
+            s.multicast_hops_v6()
+        }
+    }
+
     /// Sends one datagram to the group.
     pub async fn send(&self, data: &[u8]) -> io::Result<()> {
         let n = self.socket.send_to(data, self.group).await?;
@@ -289,6 +310,70 @@ impl MulticastSocket {
     }
 }
 
+/// The IPv4 addresses of the interfaces that are up and can send multicast (loopback
+/// included), as `getifaddrs(3)` lists them; empty where the list cannot be read.
+pub fn ipv4_multicast_interfaces() -> Vec<Ipv4Addr> {
+    let mut out = Vec::new();
+    #[cfg(unix)]
+    // SAFETY: getifaddrs allocates a list that is only read here and freed once with
+    // freeifaddrs; every pointer is checked for null before it is read.
+    unsafe {
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut cur = list;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            let flags = ifa.ifa_flags as libc::c_int;
+            let up = flags & libc::IFF_UP != 0;
+            let usable = flags & (libc::IFF_MULTICAST | libc::IFF_LOOPBACK) != 0;
+            if up && usable && !ifa.ifa_addr.is_null() {
+                let sa = &*ifa.ifa_addr;
+                if libc::c_int::from(sa.sa_family) == libc::AF_INET {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                    if !out.contains(&ip) {
+                        out.push(ip);
+                    }
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}
+
+/// The interfaces (by IPv4 address) announces for a server listening on `listen` go out on:
+/// the announces follow the listening addresses. A loopback address gives the loopback
+/// interface (127.0.0.1), a specific address its own interface, a wildcard address every
+/// interface in `host_interfaces` (see [`ipv4_multicast_interfaces`]). IPv6 addresses give
+/// none (announces are IPv4 here). Each interface appears once, in the order met.
+pub fn announce_interfaces(listen: &[SocketAddr], host_interfaces: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+    let mut out: Vec<Ipv4Addr> = Vec::new();
+    let mut push = |ip: Ipv4Addr| {
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    };
+    for a in listen {
+        match a.ip() {
+            IpAddr::V4(ip) if ip.is_loopback() => push(Ipv4Addr::LOCALHOST),
+            IpAddr::V4(ip) if ip.is_unspecified() => host_interfaces.iter().for_each(|i| push(*i)),
+            IpAddr::V4(ip) => push(ip),
+            IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+                Some(v4) if v4.is_loopback() => push(Ipv4Addr::LOCALHOST),
+                Some(v4) => push(v4),
+                None if ip.is_loopback() => push(Ipv4Addr::LOCALHOST),
+                None if ip.is_unspecified() => host_interfaces.iter().for_each(|i| push(*i)),
+                None => {}
+            },
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,5 +404,28 @@ mod tests {
             iana_group_v6(Ipv6Scope::Global),
             "ff0e::133".parse::<Ipv6Addr>().unwrap()
         );
+    }
+
+    #[test]
+    fn announces_follow_the_listening_addresses() {
+        let host = [Ipv4Addr::LOCALHOST, Ipv4Addr::new(192, 168, 1, 5)];
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(
+            announce_interfaces(&[a("127.0.0.1:3863")], &host),
+            vec![Ipv4Addr::LOCALHOST]
+        );
+        assert_eq!(
+            announce_interfaces(&[a("127.0.0.5:3863"), a("[::1]:3863")], &host),
+            vec![Ipv4Addr::LOCALHOST],
+            "every loopback address is the loopback interface"
+        );
+        assert_eq!(
+            announce_interfaces(&[a("10.1.2.3:3863")], &host),
+            vec![Ipv4Addr::new(10, 1, 2, 3)],
+            "a specific address: its interface only"
+        );
+        assert_eq!(announce_interfaces(&[a("0.0.0.0:3863")], &host), host.to_vec());
+        assert!(announce_interfaces(&[a("[2001:db8::1]:3863")], &host).is_empty());
+        assert!(ipv4_multicast_interfaces().contains(&Ipv4Addr::LOCALHOST));
     }
 }

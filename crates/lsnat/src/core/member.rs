@@ -19,13 +19,32 @@ impl fmt::Display for MemberId {
 }
 
 /// Route cost to a member (RFC 2391 §4: "an unreachable path has infinite cost").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// In JSON a finite cost is a number and no path is the string `"unreachable"`, as in the
+/// configuration file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Cost {
     /// A finite cost; lower is better.
     Finite(u32),
     /// No path: the member gets no new sessions under any policy.
     Unreachable,
+}
+
+impl fmt::Display for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cost::Finite(c) => write!(f, "{c}"),
+            Cost::Unreachable => f.write_str("unreachable"),
+        }
+    }
+}
+
+impl Serialize for Cost {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Cost::Finite(c) => s.serialize_u32(*c),
+            Cost::Unreachable => s.serialize_str("unreachable"),
+        }
+    }
 }
 
 impl Default for Cost {
@@ -217,6 +236,21 @@ impl Evidence {
             Evidence::Unanswered => "unanswered",
             Evidence::RegistrarRegistered => "registrar_registered",
             Evidence::RegistrarGone => "registrar_gone",
+        }
+    }
+}
+
+impl fmt::Display for Evidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Evidence::ProbeSucceeded => f.write_str("probe succeeded"),
+            Evidence::ProbeFailed { reason } => write!(f, "probe failed: {reason}"),
+            Evidence::ConnectSucceeded => f.write_str("connect succeeded"),
+            Evidence::ConnectFailed { reason } => write!(f, "connect failed: {reason}"),
+            Evidence::Answered => f.write_str("answered"),
+            Evidence::Unanswered => f.write_str("no answer within health.response-timeout"),
+            Evidence::RegistrarRegistered => f.write_str("registered at the registrar"),
+            Evidence::RegistrarGone => f.write_str("no longer listed by the registrar"),
         }
     }
 }

@@ -924,17 +924,38 @@ impl Gateway {
 
     /// Traffic seen by the data plane since its last report for this session; refreshes the
     /// idle timer.
+    /// Traffic reported after the session ended (the data plane had relayed it before it learnt
+    /// of the end, e.g. a UDP flow ended by its idle timer) still counts: in the totals, the
+    /// member's counters and traffic window, and the ended session's receipt while it is among
+    /// the recent outcomes. Every byte relayed is counted once.
     pub fn activity(&mut self, now: Time, id: SessionId, to_member: Traffic, to_client: Traffic) {
-        let Some(s) = self.sessions.get_mut(&id) else {
+        if to_member == Traffic::default() && to_client == Traffic::default() {
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.last_activity = now;
+            }
             return;
+        }
+        let member = match self.sessions.get_mut(&id) {
+            Some(s) => {
+                s.last_activity = now;
+                s.receipt.bytes_to_member += to_member.bytes;
+                s.receipt.bytes_to_client += to_client.bytes;
+                Some(s.member)
+            }
+            None => self
+                .recent
+                .iter_mut()
+                .rev()
+                .find(|r| r.session == id)
+                .and_then(|r| {
+                    r.bytes_to_member += to_member.bytes;
+                    r.bytes_to_client += to_client.bytes;
+                    r.bound.as_ref().map(|b| b.member)
+                }),
         };
-        s.last_activity = now;
-        s.receipt.bytes_to_member += to_member.bytes;
-        s.receipt.bytes_to_client += to_client.bytes;
-        let member = s.member;
         self.counters.bytes_to_member += to_member.bytes;
         self.counters.bytes_to_client += to_client.bytes;
-        if let Some(m) = self.members.get_mut(&member) {
+        if let Some(m) = member.and_then(|member| self.members.get_mut(&member)) {
             m.counters.bytes_to_member += to_member.bytes;
             m.counters.bytes_to_client += to_client.bytes;
             let amount = match self.cfg.traffic_metric {
@@ -1009,7 +1030,7 @@ impl Gateway {
                 tracing::debug!(session = %id, client = %s.flow.client, member = key, outcome = outcome.name(), "session ended")
             }
             _ => {
-                tracing::info!(session = %id, client = %s.flow.client, member = key, outcome = ?outcome, "session ended")
+                tracing::info!(session = %id, client = %s.flow.client, member = key, outcome = %outcome, "session ended")
             }
         }
         let linger = matches!(outcome, Outcome::Reset { .. })
@@ -1114,7 +1135,7 @@ impl Gateway {
         let Some(t) = m.liveness.observe(now, ev, &params) else {
             return;
         };
-        self.transitioned(now, member, t, &format!("{copy:?}"));
+        self.transitioned(now, member, t, &copy.to_string());
     }
 
     fn transitioned(&mut self, now: Time, member: MemberId, t: member::Transition, why: &str) {

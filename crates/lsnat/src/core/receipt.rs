@@ -98,6 +98,21 @@ pub enum Outcome {
     Shutdown,
 }
 
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Closed => f.write_str("closed"),
+            Outcome::Reset { by } => write!(f, "reset by the {by}"),
+            Outcome::IdleTimeout { state } => write!(f, "idle timeout ({state})"),
+            Outcome::MemberLost { reason } => write!(f, "member lost: {reason}"),
+            Outcome::ConnectFailed { reason } => write!(f, "connect failed: {reason}"),
+            Outcome::Refused { reason } => write!(f, "refused: {}", reason.name()),
+            Outcome::Aborted { by, reason } => write!(f, "aborted on the {by} side: {reason}"),
+            Outcome::Shutdown => f.write_str("gateway shut down"),
+        }
+    }
+}
+
 impl Outcome {
     /// Short name for metrics labels.
     pub fn name(&self) -> &'static str {

@@ -1,4 +1,5 @@
-//! A small HTTP/1.1 responder for `GET /status` (JSON) and `GET /metrics` (Prometheus text).
+//! A small HTTP/1.1 responder for `GET /status` (JSON), `GET /metrics` (Prometheus text) and
+//! `GET /healthz` (liveness of the gateway process).
 //! One request per connection; requests are bounded in size and time.
 
 use super::Shared;
@@ -84,12 +85,13 @@ async fn answer(shared: Arc<Shared>, mut s: TcpStream) -> std::io::Result<()> {
                 .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}").into_bytes());
             respond(&mut s, "200 OK", "application/json", &body).await
         }
+        "/healthz" => respond(&mut s, "200 OK", "text/plain", b"ok\n").await,
         "/" => {
             respond(
                 &mut s,
                 "200 OK",
                 "text/plain",
-                b"rserpool lsnat: GET /status (JSON), GET /metrics (Prometheus)\n",
+                b"rserpool lsnat: GET /status (JSON), GET /metrics (Prometheus), GET /healthz\n",
             )
             .await
         }

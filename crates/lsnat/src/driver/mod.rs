@@ -144,6 +144,9 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
+    // Everything is bound before anything is announced or started: a port in use stops the
+    // gateway with the address named, not after a "listening" line.
+    let bound = bind_all(&config).await?;
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
             core,
@@ -192,37 +195,22 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     }
 
     let mut listeners = Vec::new();
-    for l in shared.config.listeners.clone() {
-        match l.protocol {
-            Protocol::Tcp => {
-                let listener = tcp::bind(l.address)?;
-                let local = listener.local_addr()?;
-                tracing::info!(address = %local, "listening (tcp)");
-                listeners.push((Protocol::Tcp, local));
-                tasks.spawn(tcp::accept_loop(
-                    shared.clone(),
-                    listener,
-                    shutdown_rx.clone(),
-                ));
+    for (p, local, listener) in bound.listeners {
+        tracing::info!(address = %local, protocol = p.name(), "listening");
+        listeners.push((p, local));
+        match listener {
+            BoundListener::Tcp(l) => {
+                tasks.spawn(tcp::accept_loop(shared.clone(), l, shutdown_rx.clone()));
             }
-            Protocol::Udp => {
-                let sock = udp::bind(l.address)?;
-                let local = sock.local_addr()?;
-                tracing::info!(address = %local, "listening (udp)");
-                listeners.push((Protocol::Udp, local));
-                tasks.spawn(udp::listener_loop(
-                    shared.clone(),
-                    sock,
-                    shutdown_rx.clone(),
-                ));
+            BoundListener::Udp(s) => {
+                tasks.spawn(udp::listener_loop(shared.clone(), s, shutdown_rx.clone()));
             }
         }
     }
-    let status = match shared.config.status {
-        Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr).await?;
+    let status = match bound.status {
+        Some(l) => {
             let local = l.local_addr()?;
-            tracing::info!(address = %local, "status endpoint (GET /status, /metrics)");
+            tracing::info!(address = %local, "HTTP endpoint (GET /status, /metrics, /healthz)");
             tasks.spawn(http::serve(shared.clone(), l, shutdown_rx.clone()));
             Some(local)
         }
@@ -239,6 +227,54 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
         shutdown,
         tasks,
     })
+}
+
+enum BoundListener {
+    Tcp(tokio::net::TcpListener),
+    Udp(tokio::net::UdpSocket),
+}
+
+struct Bound {
+    listeners: Vec<(Protocol, SocketAddr, BoundListener)>,
+    status: Option<tokio::net::TcpListener>,
+}
+
+/// The error of a bind, with what was bound and where (the operating system's message alone
+/// does not say which address is in use).
+fn bind_error(what: &str, addr: SocketAddr, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{what} {addr}: {e}"))
+}
+
+/// Binds the listeners and the HTTP endpoint of `config`.
+async fn bind_all(config: &Config) -> std::io::Result<Bound> {
+    let mut listeners = Vec::new();
+    for l in &config.listeners {
+        let (local, b) = match l.protocol {
+            Protocol::Tcp => {
+                let s = tcp::bind(l.address).map_err(|e| bind_error("TCP listener", l.address, e))?;
+                (s.local_addr()?, BoundListener::Tcp(s))
+            }
+            Protocol::Udp => {
+                let s = udp::bind(l.address).map_err(|e| bind_error("UDP listener", l.address, e))?;
+                (s.local_addr()?, BoundListener::Udp(s))
+            }
+        };
+        listeners.push((l.protocol, local, b));
+    }
+    let status = match config.status {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| bind_error("HTTP endpoint (metrics)", addr, e))?,
+        ),
+        None => None,
+    };
+    Ok(Bound { listeners, status })
+}
+
+/// Checks that everything `config` would bind can be bound now (`--check`), then lets go.
+pub async fn try_bind(config: &Config) -> std::io::Result<()> {
+    bind_all(config).await.map(drop)
 }
 
 fn apply_update(shared: &Shared, u: SourceUpdate) {

@@ -2,7 +2,7 @@
 //! the probe timeout; results go to the core as liveness evidence.
 
 use super::Shared;
-use crate::config::{ProbeConfig, ProbeKind};
+use crate::config::{ProbeClose, ProbeConfig, ProbeKind};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+
+/// Longest wait for the member's own close after a graceful probe's FIN (the probe has passed
+/// by then; this only keeps the close polite).
+const GRACEFUL_CLOSE_WAIT: Duration = Duration::from_millis(200);
 
 /// Most bytes read while waiting for `expect`.
 const MAX_PROBE_REPLY: usize = 4096;
@@ -50,7 +54,7 @@ pub(crate) async fn probe_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bo
 pub(crate) async fn probe(cfg: &ProbeConfig, target: SocketAddr) -> Result<(), String> {
     match tokio::time::timeout(cfg.timeout, probe_inner(cfg, target)).await {
         Ok(r) => r,
-        Err(_) => Err(format!("timed out after {:?}", cfg.timeout)),
+        Err(_) => Err(format!("timed out after {}", crate::human(cfg.timeout))),
     }
 }
 
@@ -87,8 +91,25 @@ async fn probe_inner(cfg: &ProbeConfig, target: SocketAddr) -> Result<(), String
                     }
                 }
             }
-            // Close abortively: a probe should leave no TIME_WAIT behind on either side.
-            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            match cfg.close {
+                // Abortively: no TIME_WAIT on either side, but a RST the member may log.
+                ProbeClose::Reset => {
+                    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                }
+                // As a client would: FIN, then what the member still sends is read (unread
+                // data at close would turn the FIN into a RST), for a short while at most.
+                // Apart from the probe, which has passed: its timeout does not cover this.
+                ProbeClose::Graceful => {
+                    tokio::spawn(async move {
+                        let _ = s.shutdown().await;
+                        let mut buf = [0u8; 1024];
+                        let _ = tokio::time::timeout(GRACEFUL_CLOSE_WAIT, async {
+                            while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+                        })
+                        .await;
+                    });
+                }
+            }
             Ok(())
         }
         ProbeKind::Udp => {
@@ -113,5 +134,57 @@ async fn probe_inner(cfg: &ProbeConfig, target: SocketAddr) -> Result<(), String
                 Err("unexpected reply".into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    fn config(close: ProbeClose) -> ProbeConfig {
+        ProbeConfig {
+            kind: ProbeKind::Tcp,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(10),
+            port: None,
+            send: b"ping\n".to_vec(),
+            expect: b"pong".to_vec(),
+            close,
+        }
+    }
+
+    /// What the member's application sees at the end of one probe: `Ok(())` for an ordinary
+    /// close (end of file), the error otherwise.
+    async fn member_sees(close: ProbeClose) -> std::io::Result<()> {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = l.local_addr().unwrap();
+        let member = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).await?;
+            assert_eq!(&buf[..n], b"ping\n");
+            s.write_all(b"pong\n").await?;
+            // Until the probe's side closes.
+            loop {
+                if s.read(&mut buf).await? == 0 {
+                    return Ok(());
+                }
+            }
+        });
+        probe(&config(close), target).await.expect("the probe passes");
+        tokio::time::timeout(Duration::from_secs(30), member)
+            .await
+            .expect("the member sees the close")
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_graceful_probe_closes_like_a_client_and_a_reset_probe_resets() {
+        member_sees(ProbeClose::Graceful)
+            .await
+            .expect("an ordinary close, nothing for the member to log");
+        let e = member_sees(ProbeClose::Reset).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset);
     }
 }

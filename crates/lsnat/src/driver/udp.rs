@@ -59,7 +59,9 @@ pub(crate) async fn listener_loop(
             },
             Some((client, id)) = ended_rx.recv() => {
                 if flows.get(&client).is_some_and(|f| f.id == id) {
-                    flows.remove(&client);
+                    if let Some(f) = flows.remove(&client) {
+                        flush(&shared, &f);
+                    }
                 }
                 continue;
             }
@@ -83,6 +85,7 @@ pub(crate) async fn listener_loop(
             shared.with(|core, now| core.client_data(now, id));
         }
         if let Err(e) = flow.member.send(&buf[..n]).await {
+            flush(&shared, flow);
             let reason = reason(&e);
             shared.with(|core, now| core.member_failed(now, id, &reason));
             if let Some(tx) = shared.lock().kills.remove(&id) {
@@ -98,6 +101,19 @@ pub(crate) async fn listener_loop(
             let t = std::mem::take(&mut flow.pending);
             shared.with(|core, now| core.activity(now, id, t, Traffic::default()));
         }
+    }
+    // Stopping: what was relayed and not yet reported still counts.
+    for f in flows.values() {
+        flush(&shared, f);
+    }
+}
+
+/// Reports a flow's client-to-member traffic not yet reported (the flow is ending): every byte
+/// relayed is counted, also in flows shorter than the report interval.
+fn flush(shared: &Shared, flow: &Flow) {
+    if flow.pending != Traffic::default() {
+        let (id, t) = (flow.id, flow.pending);
+        shared.with(|core, now| core.activity(now, id, t, Traffic::default()));
     }
 }
 
@@ -218,8 +234,9 @@ async fn member_reader(
             }
             Err(e) => {
                 let r = reason(&e);
+                let t = std::mem::take(&mut pending);
                 shared.with(|core, now| {
-                    core.activity(now, id, Traffic::default(), pending);
+                    core.activity(now, id, Traffic::default(), t);
                     core.member_failed(now, id, &r)
                 });
                 shared.lock().kills.remove(&id);
@@ -227,7 +244,7 @@ async fn member_reader(
             }
         }
     }
-    if pending.bytes > 0 {
+    if pending != Traffic::default() {
         shared.with(|core, now| core.activity(now, id, Traffic::default(), pending));
     }
     let _ = ended.send((client, id));

@@ -1,0 +1,118 @@
+//! Values given the same way in every command and configuration file (docs/configuration.md):
+//! durations with units, e.g. "5s", "250ms", "1m 30s".
+
+use serde::Deserialize;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A duration from a flag or a TOML key: a string with units (humantime syntax). A bare number,
+/// the spelling of the first release, is still read in milliseconds and remembered, so that
+/// the caller can warn that it is deprecated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationValue {
+    /// The duration.
+    pub duration: Duration,
+    /// Whether it was written as a bare number of milliseconds (deprecated).
+    pub bare_ms: bool,
+}
+
+impl DurationValue {
+    /// The deprecation warning for `name`, when this value was a bare number.
+    pub fn deprecation(&self, name: &str) -> Option<String> {
+        self.bare_ms.then(|| {
+            format!(
+                "{name}: a bare number of milliseconds is deprecated; write \"{}\"",
+                human(self.duration)
+            )
+        })
+    }
+}
+
+/// A duration as people write it ("5s", "1m 30s", "250ms").
+pub fn human(d: Duration) -> String {
+    if d.is_zero() {
+        return "0s".into();
+    }
+    // Whole milliseconds: nothing here is more precise, and "1s 500ms" reads better than
+    // "1s 500ms 12us 7ns".
+    let d = if d >= Duration::from_millis(1) {
+        Duration::from_millis(d.as_millis() as u64)
+    } else {
+        d
+    };
+    humantime::format_duration(d).to_string()
+}
+
+impl FromStr for DurationValue {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+            let ms: u64 = t
+                .parse()
+                .map_err(|_| format!("{s:?}: number too large"))?;
+            return Ok(DurationValue {
+                duration: Duration::from_millis(ms),
+                bare_ms: true,
+            });
+        }
+        humantime::parse_duration(t)
+            .map(|duration| DurationValue {
+                duration,
+                bare_ms: false,
+            })
+            .map_err(|e| format!("{s:?} is not a duration ({e}); write e.g. \"5s\" or \"250ms\""))
+    }
+}
+
+impl fmt::Display for DurationValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&human(self.duration))
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Ms(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a duration such as \"5s\" or \"250ms\"")
+        })? {
+            Raw::Ms(ms) => Ok(DurationValue {
+                duration: Duration::from_millis(ms),
+                bare_ms: true,
+            }),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_have_units_and_bare_numbers_are_deprecated_milliseconds() {
+        let v: DurationValue = "5s".parse().unwrap();
+        assert_eq!(v.duration, Duration::from_secs(5));
+        assert_eq!(v.deprecation("x"), None);
+        let v: DurationValue = "1m 30s".parse().unwrap();
+        assert_eq!(v.duration, Duration::from_secs(90));
+        let v: DurationValue = "1500".parse().unwrap();
+        assert_eq!(v.duration, Duration::from_millis(1500));
+        assert_eq!(
+            v.deprecation("announce-interval").unwrap(),
+            "announce-interval: a bare number of milliseconds is deprecated; write \"1s 500ms\""
+        );
+        assert!("5 parsecs".parse::<DurationValue>().is_err());
+        assert!("-5s".parse::<DurationValue>().is_err());
+        assert_eq!(human(Duration::from_secs(7440)), "2h 4m");
+        assert_eq!(human(Duration::ZERO), "0s");
+    }
+}
