@@ -310,9 +310,16 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             port = peer.port,
             "association up"
         ),
-        RegistrarEvent::AssociationRefused { association } => {
+        RegistrarEvent::AssociationRefused {
+            association,
+            peer,
+            limit,
+        } => {
             tracing::warn!(
                 association = association.0,
+                peer = ?peer.addresses,
+                port = peer.port,
+                limit,
                 "association refused: association limit reached"
             );
             let _ = handle
@@ -401,5 +408,54 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             message,
             reason,
         } => tracing::debug!(association = association.0, message, reason, "ignored"),
+        RegistrarEvent::SecurityRefused {
+            request,
+            pool_handle,
+            pe_id,
+            association,
+            peer,
+            owner,
+            reason,
+        } => tracing::warn!(
+            request,
+            pool = %pool_handle,
+            pe = %pe_id,
+            association = association.0,
+            peer = ?peer.as_ref().map(|p| &p.addresses),
+            port = peer.as_ref().map(|p| p.port),
+            owner = owner.map(|o| o.0),
+            reason = reason.label(),
+            "refused: {reason}"
+        ),
+        RegistrarEvent::OwnershipProbe {
+            pool_handle,
+            pe_id,
+            owner,
+            claimant,
+            peer,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            owner = owner.0,
+            claimant = claimant.0,
+            peer = ?peer.as_ref().map(|p| &p.addresses),
+            port = peer.as_ref().map(|p| p.port),
+            "another association claims the PE: probing its owner"
+        ),
+        RegistrarEvent::ClaimGranted {
+            pool_handle,
+            pe_id,
+            association,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            association = association.0,
+            "claim granted: the owner is gone or failed the probe"
+        ),
+        RegistrarEvent::ProbeSuppressed { pool_handle, pe_id } => tracing::warn!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            "unreachable reports: probe budget of the PE spent, no probe sent"
+        ),
     }
 }
