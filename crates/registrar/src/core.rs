@@ -165,6 +165,16 @@ pub enum RegistrarEvent {
         /// The new owner.
         association: AssociationId,
     },
+    /// ENDPOINT_UNREACHABLE reports made the registrar probe a PE with a keep-alive (RFC 5352
+    /// §3.5); the PE is removed only if it does not answer in time.
+    UnreachableProbe {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+        /// Reports counted since its last registration.
+        reports: u32,
+    },
     /// ENDPOINT_UNREACHABLE reports asked for a probe of a PE that its per-PE budget did not
     /// allow (RFC 5355 §3.12/§3.13).
     ProbeSuppressed {
@@ -246,6 +256,9 @@ pub enum RegistrarEvent {
         association: AssociationId,
         /// Which limit.
         what: RateLimited,
+        /// Requests this association had refused by this limit so far (1 for the first), so
+        /// that a flood can be logged sparsely.
+        count: u64,
     },
     /// A message could not be decoded.
     Malformed {
@@ -273,6 +286,8 @@ struct Association {
     handle_resolutions: Option<TokenBucket>,
     unreachable_reports: Option<TokenBucket>,
     registrations: Option<TokenBucket>,
+    /// Requests refused per rate limit (indexed by [`RateLimited`]).
+    rate_limited: [u64; 3],
 }
 
 /// The registrar core.
@@ -407,6 +422,7 @@ impl Registrar {
                 handle_resolutions: bucket(self.config.handle_resolution_rate),
                 unreachable_reports: bucket(self.config.endpoint_unreachable_rate),
                 registrations: bucket(self.config.registration_rate),
+                rate_limited: [0; 3],
             },
         );
         self.update_gauges();
@@ -599,11 +615,7 @@ impl Registrar {
             .and_then(|a| a.registrations.as_mut())
             .is_some_and(|b| !b.allow(now));
         if limited {
-            self.metrics.rate_limited(RateLimited::Registration);
-            self.events.push_back(RegistrarEvent::RateLimited {
-                association,
-                what: RateLimited::Registration,
-            });
+            self.rate_limited(association, RateLimited::Registration);
             self.reject_with(
                 association,
                 r.pool_handle,
@@ -912,11 +924,7 @@ impl Registrar {
             .and_then(|a| a.handle_resolutions.as_mut())
             .is_some_and(|b| !b.allow(now));
         if limited {
-            self.metrics.rate_limited(RateLimited::HandleResolution);
-            self.events.push_back(RegistrarEvent::RateLimited {
-                association,
-                what: RateLimited::HandleResolution,
-            });
+            self.rate_limited(association, RateLimited::HandleResolution);
             self.refuse_resolution(association, h.pool_handle, CauseCode::RejectedSecurity);
             return;
         }
@@ -1073,11 +1081,7 @@ impl Registrar {
             .and_then(|a| a.unreachable_reports.as_mut())
             .is_some_and(|b| !b.allow(now));
         if limited {
-            self.metrics.rate_limited(RateLimited::EndpointUnreachable);
-            self.events.push_back(RegistrarEvent::RateLimited {
-                association,
-                what: RateLimited::EndpointUnreachable,
-            });
+            self.rate_limited(association, RateLimited::EndpointUnreachable);
             return;
         }
         let Some(entry) = self.handlespace.entry_id(&u.pool_handle, u.pe_id) else {
@@ -1115,8 +1119,27 @@ impl Registrar {
             if self.send_keep_alive(now, entry) {
                 self.metrics.unreachable_probes += 1;
                 self.security.probing(entry, ProbeReason::Reports);
+                self.events.push_back(RegistrarEvent::UnreachableProbe {
+                    pool_handle: u.pool_handle,
+                    pe_id: u.pe_id,
+                    reports: count,
+                });
             }
         }
+    }
+
+    /// Counts and reports a request refused by a per-client rate limit.
+    fn rate_limited(&mut self, association: AssociationId, what: RateLimited) {
+        self.metrics.rate_limited(what);
+        let count = self.associations.get_mut(&association).map_or(1, |a| {
+            a.rate_limited[what as usize] += 1;
+            a.rate_limited[what as usize]
+        });
+        self.events.push_back(RegistrarEvent::RateLimited {
+            association,
+            what,
+            count,
+        });
     }
 
     /// Whether a keep-alive to the PE awaits its answer (periodic, or a probe).

@@ -394,9 +394,19 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             pool_handle,
             pe_id,
             count,
-        } => tracing::info!(pool = %pool_handle, pe = %pe_id, count, "reported unreachable"),
-        RegistrarEvent::RateLimited { association, what } => {
-            tracing::warn!(association = association.0, request = ?what, "rate limited")
+        } => tracing::debug!(pool = %pool_handle, pe = %pe_id, count, "reported unreachable"),
+        // A flood is logged sparsely: the 1st, 2nd, 4th, 8th... refusal of each association
+        // at warn (the metrics count every one).
+        RegistrarEvent::RateLimited {
+            association,
+            what,
+            count,
+        } => {
+            if count.is_power_of_two() {
+                tracing::warn!(association = association.0, request = ?what, refused = count, "rate limited")
+            } else {
+                tracing::trace!(association = association.0, request = ?what, refused = count, "rate limited")
+            }
         }
         RegistrarEvent::Malformed {
             association,
@@ -452,7 +462,17 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             association = association.0,
             "claim granted: the owner is gone or failed the probe"
         ),
-        RegistrarEvent::ProbeSuppressed { pool_handle, pe_id } => tracing::warn!(
+        RegistrarEvent::UnreachableProbe {
+            pool_handle,
+            pe_id,
+            reports,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            reports,
+            "reported unreachable: probing the PE"
+        ),
+        RegistrarEvent::ProbeSuppressed { pool_handle, pe_id } => tracing::debug!(
             pool = %pool_handle,
             pe = %pe_id,
             "unreachable reports: probe budget of the PE spent, no probe sent"
