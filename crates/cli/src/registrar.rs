@@ -84,6 +84,28 @@ pub struct RegistrarArgs {
     /// Per-client ENDPOINT_UNREACHABLE reports per second; 0 = unlimited. [default: 10]
     #[arg(long, value_name = "RATE")]
     pub max_eu_rate: Option<f64>,
+    /// Per-association ASAP_REGISTRATIONs per second (new and re-registrations; bursts of
+    /// twice as many); more are refused with cause 0xa. 0 = unlimited. [default: 100]
+    #[arg(long, value_name = "RATE")]
+    pub max_registration_rate: Option<f64>,
+    /// Most associations from one source address at once; 0 = no per-address limit.
+    /// [default: 256]
+    #[arg(long, value_name = "N")]
+    pub max_associations_per_address: Option<usize>,
+    /// Most PEs registered over one association; 0 = no limit. [default: 4096]
+    #[arg(long, value_name = "N")]
+    pub max_pool_elements_per_association: Option<usize>,
+    /// Most registrations from other associations waiting for one ownership probe of a live
+    /// PE; more are refused with cause 0xa. [default: 4]
+    #[arg(long, value_name = "N")]
+    pub max_pending_claims: Option<usize>,
+    /// Keep-alive probes that ENDPOINT_UNREACHABLE reports may trigger for one PE per
+    /// --unreachable-probe-interval (never more than one at a time). [default: 3]
+    #[arg(long, value_name = "N")]
+    pub max_unreachable_probes: Option<u32>,
+    /// The window --max-unreachable-probes counts in, e.g. "30s", "1m". [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub unreachable_probe_interval: Option<String>,
     /// Narrowest address scope accepted from PEs: any, loopback, link-local, site-local,
     /// global. [default: loopback when every --asap address is a loopback address (PEs on this
     /// host), else site-local as in RSPLIB]
@@ -166,6 +188,12 @@ impl RegistrarArgs {
             max_hres_items_limit,
             max_hr_rate,
             max_eu_rate,
+            max_registration_rate,
+            max_associations_per_address,
+            max_pool_elements_per_association,
+            max_pending_claims,
+            max_unreachable_probes,
+            unreachable_probe_interval,
             min_address_scope,
             max_associations,
             max_pools,
@@ -258,6 +286,32 @@ impl RegistrarArgs {
         }
         if let Some(r) = a.max_eu_rate {
             core.endpoint_unreachable_rate = rate("max-eu-rate", r)?;
+        }
+        if let Some(r) = a.max_registration_rate {
+            core.registration_rate = rate("max-registration-rate", r)?;
+        }
+        if let Some(n) = a.max_associations_per_address {
+            core.max_associations_per_address = n;
+        }
+        if let Some(n) = a.max_pool_elements_per_association {
+            core.max_pool_elements_per_association = n;
+        }
+        if let Some(n) = a.max_pending_claims {
+            if n == 0 {
+                bail!("max-pending-claims: must be at least 1");
+            }
+            core.max_pending_claims = n;
+        }
+        if let Some(n) = a.max_unreachable_probes {
+            core.max_unreachable_probes = n;
+        }
+        if let Some(s) = a.unreachable_probe_interval.as_deref() {
+            let d = humantime::parse_duration(s)
+                .map_err(|e| anyhow::anyhow!("unreachable-probe-interval: {s:?}: {e}"))?;
+            if d.is_zero() {
+                bail!("unreachable-probe-interval: must be longer than 0");
+            }
+            core.unreachable_probe_interval = d;
         }
         if let Some(s) = a.min_address_scope.as_deref() {
             core.min_address_scope = match s {
@@ -548,6 +602,42 @@ mod tests {
         assert_eq!(c.core.min_address_scope, AddressScope::Loopback);
         assert!(c.core.announce.is_none());
         assert_eq!(c.max_held_answers, 64);
+    }
+
+    #[test]
+    fn security_limits_from_file_and_flags() {
+        let c = parse(&[]).into_config().unwrap();
+        assert_eq!(c.core.registration_rate.map(|r| r.rate), Some(100.0));
+        assert_eq!(c.core.max_associations_per_address, 256);
+        assert_eq!(c.core.unreachable_probe_interval, Duration::from_secs(30));
+        let c = with_file(
+            "max-registration-rate = 5.0\nmax-associations-per-address = 8\nmax-pool-elements-per-association = 16\nmax-pending-claims = 2\nmax-unreachable-probes = 1\nunreachable-probe-interval = \"1m 30s\"\n",
+            &["--max-pending-claims", "3"],
+        )
+        .unwrap();
+        assert_eq!(
+            c.core.registration_rate.map(|r| (r.rate, r.burst)),
+            Some((5.0, 10.0))
+        );
+        assert_eq!(c.core.max_associations_per_address, 8);
+        assert_eq!(c.core.max_pool_elements_per_association, 16);
+        assert_eq!(c.core.max_pending_claims, 3, "the flag wins");
+        assert_eq!(c.core.max_unreachable_probes, 1);
+        assert_eq!(c.core.unreachable_probe_interval, Duration::from_secs(90));
+        let c = parse(&["--max-registration-rate", "0"])
+            .into_config()
+            .unwrap();
+        assert!(c.core.registration_rate.is_none(), "0 = unlimited");
+        let err = |r: Result<DriverConfig>| format!("{:#}", r.unwrap_err());
+        assert!(
+            err(with_file("unreachable-probe-interval = \"soon\"\n", &[]))
+                .contains("unreachable-probe-interval")
+        );
+        assert!(
+            err(parse(&["--max-pending-claims", "0"]).into_config()).contains("max-pending-claims")
+        );
+        assert!(err(parse(&["--max-registration-rate=-1"]).into_config())
+            .contains("max-registration-rate"));
     }
 
     #[test]

@@ -1481,6 +1481,13 @@ impl Handlespace {
         }
     }
 
+    /// Number of PEs registered over an association (O(log n)).
+    pub fn registered_over_count(&self, association: AssociationId) -> usize {
+        self.associations
+            .get(&association)
+            .map_or(0, |l| l.len as usize)
+    }
+
     /// Number of associations that have PEs registered over them.
     pub fn association_count(&self) -> usize {
         self.associations.len()

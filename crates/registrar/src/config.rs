@@ -9,7 +9,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Profile {
     /// Talks to RSPLIB 3.x: registration life in ms, RSPLIB's multicast groups and timers,
-    /// ENDPOINT_UNREACHABLE only counted.
+    /// ENDPOINT_UNREACHABLE counted until MAX-BAD-PE-REPORT, then the PE is probed.
     #[default]
     Rsplib,
     /// Follows the RFC text: registration life in s, IANA multicast groups, and an
@@ -127,10 +127,12 @@ pub struct RegistrarConfig {
     pub keep_alive_jitter: f64,
     /// How long a PE has to answer a keep-alive before it is removed (RSPLIB: 5 s).
     pub keep_alive_timeout: Duration,
-    /// ENDPOINT_UNREACHABLE reports that remove a PE (MAX-BAD-PE-REPORT, RFC 5352 §3.5).
+    /// ENDPOINT_UNREACHABLE reports after which the registrar probes the PE with a keep-alive
+    /// (MAX-BAD-PE-REPORT, RFC 5352 §3.5); the PE is removed only if that probe fails.
     pub max_bad_pe_reports: u32,
-    /// Whether an ENDPOINT_UNREACHABLE makes the registrar probe the PE with a keep-alive at
-    /// once (RFC 5352 §3.5; on in the `rfc` profile).
+    /// Whether every ENDPOINT_UNREACHABLE, not only the one reaching
+    /// [`RegistrarConfig::max_bad_pe_reports`], makes the registrar probe the PE at once
+    /// (RFC 5352 §3.5; on in the `rfc` profile).
     pub probe_on_unreachable: bool,
     /// PEs returned by a handle resolution without a Handle Resolution option (or with Items
     /// 0): RSPLIB's `-maxhresitems`, default 3.
@@ -143,8 +145,26 @@ pub struct RegistrarConfig {
     /// Per-client rate of ASAP_ENDPOINT_UNREACHABLEs (RSPLIB's `-maxeurate`; RFC 5355 asks for
     /// one); `None` = unlimited.
     pub endpoint_unreachable_rate: Option<RateLimit>,
+    /// Per-association rate of ASAP_REGISTRATIONs, new and re-registrations alike (RFC 5355
+    /// §3.1/§3.2: registration floods); refused ones are answered with cause 0xa. `None` =
+    /// unlimited.
+    pub registration_rate: Option<RateLimit>,
     /// Most associations (PEs and PUs together) served at once; more are refused.
     pub max_associations: usize,
+    /// Most associations from one source address at once, so that one host cannot take all
+    /// of [`RegistrarConfig::max_associations`]; 0 = no per-address limit.
+    pub max_associations_per_address: usize,
+    /// Most PEs registered over one association; more new ones are refused with cause 0x6.
+    /// 0 = no per-association limit.
+    pub max_pool_elements_per_association: usize,
+    /// Most registrations from other associations that wait for one ownership probe; more
+    /// are refused at once with cause 0xa.
+    pub max_pending_claims: usize,
+    /// How many keep-alive probes ENDPOINT_UNREACHABLE reports may trigger for one PE within
+    /// [`RegistrarConfig::unreachable_probe_interval`] (never more than one at a time).
+    pub max_unreachable_probes: u32,
+    /// The window [`RegistrarConfig::max_unreachable_probes`] counts in.
+    pub unreachable_probe_interval: Duration,
     /// Whether a PE's user-transport addresses must be among its association's addresses
     /// (RFC 5352 §2.2.1). Addresses that are not are dropped from the registration; if none
     /// is left, the registration is refused (as RSPLIB does). Off for the plain-TCP mode.
@@ -211,7 +231,16 @@ impl RegistrarConfig {
                 rate: 10.0,
                 burst: 20.0,
             }),
+            registration_rate: Some(RateLimit {
+                rate: 100.0,
+                burst: 200.0,
+            }),
             max_associations: 10_000,
+            max_associations_per_address: 256,
+            max_pool_elements_per_association: 4096,
+            max_pending_claims: 4,
+            max_unreachable_probes: 3,
+            unreachable_probe_interval: Duration::from_secs(30),
             check_user_transport_addresses: true,
             min_address_scope: AddressScope::SiteLocal,
             enforce_registration_life: profile == Profile::Rfc,

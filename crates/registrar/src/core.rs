@@ -8,8 +8,9 @@
 
 use crate::config::{AddressScope, Profile, RegistrarConfig};
 use crate::encoded_pes::EncodedPes;
-use crate::metrics::{Metrics, RateLimited, RemovalCause};
+use crate::metrics::{Metrics, RateLimited, RemovalCause, SecurityRefusal};
 use crate::rate::TokenBucket;
+use crate::security::{Claim, ProbeReason, Security};
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -113,10 +114,74 @@ pub enum RegistrarEvent {
         /// The peer.
         peer: PeerInfo,
     },
-    /// An association was refused at the association limit (the driver aborts it).
+    /// An association was refused at the association limit, in all or from its address (the
+    /// driver aborts it).
     AssociationRefused {
         /// The association.
         association: AssociationId,
+        /// The peer.
+        peer: PeerInfo,
+        /// Which limit.
+        limit: &'static str,
+    },
+    /// A request about a PE that another association owns was refused (RFC 5355 §3.3/§3.4),
+    /// or a new PE past the per-association limit.
+    SecurityRefused {
+        /// What was asked: "deregistration" or "registration".
+        request: &'static str,
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE identifier.
+        pe_id: PoolElementId,
+        /// The asking association.
+        association: AssociationId,
+        /// Its peer (addresses and port), when known.
+        peer: Option<PeerInfo>,
+        /// The association that owns the PE, if another one does.
+        owner: Option<AssociationId>,
+        /// Why.
+        reason: SecurityRefusal,
+    },
+    /// Another association claimed a live PE: a keep-alive was sent to the owner, and the claim
+    /// waits for its answer (RFC 5355 §3.3).
+    OwnershipProbe {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+        /// The owner probed.
+        owner: AssociationId,
+        /// The claiming association.
+        claimant: AssociationId,
+        /// The claimant's peer.
+        peer: Option<PeerInfo>,
+    },
+    /// A claim was granted: the owner was gone or did not answer the probe in time.
+    ClaimGranted {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+        /// The new owner.
+        association: AssociationId,
+    },
+    /// ENDPOINT_UNREACHABLE reports made the registrar probe a PE with a keep-alive (RFC 5352
+    /// §3.5); the PE is removed only if it does not answer in time.
+    UnreachableProbe {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+        /// Reports counted since its last registration.
+        reports: u32,
+    },
+    /// ENDPOINT_UNREACHABLE reports asked for a probe of a PE that its per-PE budget did not
+    /// allow (RFC 5355 §3.12/§3.13).
+    ProbeSuppressed {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
     },
     /// A PE registered (new) or re-registered.
     Registered {
@@ -191,6 +256,9 @@ pub enum RegistrarEvent {
         association: AssociationId,
         /// Which limit.
         what: RateLimited,
+        /// Requests this association had refused by this limit so far (1 for the first), so
+        /// that a flood can be logged sparsely.
+        count: u64,
     },
     /// A message could not be decoded.
     Malformed {
@@ -217,6 +285,9 @@ struct Association {
     peer: PeerInfo,
     handle_resolutions: Option<TokenBucket>,
     unreachable_reports: Option<TokenBucket>,
+    registrations: Option<TokenBucket>,
+    /// Requests refused per rate limit (indexed by [`RateLimited`]).
+    rate_limited: [u64; 3],
 }
 
 /// The registrar core.
@@ -236,6 +307,10 @@ pub struct Registrar {
     /// Reused by handle resolutions that are not reported.
     selection: Selection,
     encoded_pes: EncodedPes,
+    /// Ownership claims, probe reasons and budgets, associations per address (RFC 5355).
+    security: Security,
+    /// Claims on PEs that left the handlespace, settled when the current step ends.
+    settled_claims: Vec<Claim>,
 }
 
 impl Registrar {
@@ -264,6 +339,8 @@ impl Registrar {
             enrp_peers: 0,
             selection: Selection::default(),
             encoded_pes: EncodedPes::default(),
+            security: Security::default(),
+            settled_claims: Vec::new(),
             config,
         }
     }
@@ -314,10 +391,27 @@ impl Registrar {
 
     /// An association (SCTP) or connection (TCP) came up.
     pub fn association_up(&mut self, now: Duration, association: AssociationId, peer: PeerInfo) {
-        if self.associations.len() >= self.config.max_associations {
+        let refused = if self.associations.len() >= self.config.max_associations {
+            Some("max-associations")
+        } else if peer.addresses.first().is_some_and(|a| {
+            !self
+                .security
+                .admit(*a, self.config.max_associations_per_address)
+        }) {
+            // RFC 5355 §3.1/§3.2: one host cannot take every association.
+            self.metrics
+                .refused(SecurityRefusal::AssociationsPerAddress);
+            Some("max-associations-per-address")
+        } else {
+            None
+        };
+        if let Some(limit) = refused {
             self.metrics.associations_refused += 1;
-            self.events
-                .push_back(RegistrarEvent::AssociationRefused { association });
+            self.events.push_back(RegistrarEvent::AssociationRefused {
+                association,
+                peer,
+                limit,
+            });
             return;
         }
         let bucket = |l: Option<crate::config::RateLimit>| l.map(|l| TokenBucket::new(l, now));
@@ -327,6 +421,8 @@ impl Registrar {
                 peer: peer.clone(),
                 handle_resolutions: bucket(self.config.handle_resolution_rate),
                 unreachable_reports: bucket(self.config.endpoint_unreachable_rate),
+                registrations: bucket(self.config.registration_rate),
+                rate_limited: [0; 3],
             },
         );
         self.update_gauges();
@@ -336,11 +432,18 @@ impl Registrar {
 
     /// An association went down: every PE registered over it is removed (RFC 5352 §3.1: the
     /// registrar watches its PEs through their association).
-    pub fn association_down(&mut self, _now: Duration, association: AssociationId) {
-        self.associations.remove(&association);
+    pub fn association_down(&mut self, now: Duration, association: AssociationId) {
+        let Some(gone) = self.associations.remove(&association) else {
+            return;
+        };
+        if let Some(a) = gone.peer.addresses.first() {
+            self.security.release(*a);
+        }
+        self.security.association_gone(association);
         for (pool_handle, removed) in self.handlespace.remove_association(association) {
             self.removed(pool_handle, removed, RemovalCause::AssociationLost);
         }
+        self.settle_claims(now);
         self.update_gauges();
     }
 
@@ -401,6 +504,7 @@ impl Registrar {
                 reason: "not a message a registrar takes from pool elements or users",
             }),
         }
+        self.settle_claims(now);
         self.update_gauges();
     }
 
@@ -409,14 +513,22 @@ impl Registrar {
     pub fn handle_timeout(&mut self, now: Duration) {
         while let Some(timer) = self.handlespace.pop_due(now) {
             match timer.kind {
-                TimerKind::KeepAliveTransmission => self.send_keep_alive(now, timer.entry),
+                TimerKind::KeepAliveTransmission => {
+                    self.send_keep_alive(now, timer.entry);
+                }
                 TimerKind::KeepAliveTimeout => {
                     self.metrics.keep_alives_missed += 1;
-                    self.remove(timer.entry, RemovalCause::KeepAliveTimeout);
+                    // A probe that reports asked for and that failed removes the PE for them.
+                    let cause = match self.security.outstanding(timer.entry) {
+                        Some(ProbeReason::Reports) => RemovalCause::UnreachableReports,
+                        _ => RemovalCause::KeepAliveTimeout,
+                    };
+                    self.remove(timer.entry, cause);
                 }
                 TimerKind::Expiry => self.expire(timer.entry),
             }
         }
+        self.settle_claims(now);
         if let (Some(due), Some(announce)) = (self.next_announce, &self.config.announce) {
             if due <= now {
                 let m = AsapMessage::ServerAnnounce(asap::ServerAnnounce {
@@ -497,6 +609,27 @@ impl Registrar {
     }
 
     fn registration(&mut self, now: Duration, association: AssociationId, r: asap::Registration) {
+        let limited = self
+            .associations
+            .get_mut(&association)
+            .and_then(|a| a.registrations.as_mut())
+            .is_some_and(|b| !b.allow(now));
+        if limited {
+            self.rate_limited(association, RateLimited::Registration);
+            self.reject_with(
+                association,
+                r.pool_handle,
+                r.pool_element.id,
+                ErrorCause::new(CauseCode::RejectedSecurity),
+                "registration rate limit of the association".into(),
+            );
+            return;
+        }
+        self.register(now, association, r);
+    }
+
+    /// A registration past the rate limit: checks, ownership, then the handlespace.
+    fn register(&mut self, now: Duration, association: AssociationId, r: asap::Registration) {
         let asap::Registration {
             pool_handle,
             pool_element: pe,
@@ -552,6 +685,51 @@ impl Registrar {
                 return;
             }
         };
+        let existing = self.handlespace.entry_id(&pool_handle, pe_id);
+        let owner = existing
+            .and_then(|e| self.handlespace.get(e))
+            .and_then(|e| e.association());
+        match (existing, owner) {
+            // RFC 5355 §3.3/§3.4: a live PE belongs to the association that registered it.
+            // Another association's claim waits for a keep-alive to the owner.
+            (Some(entry), Some(owner))
+                if owner != association && self.associations.contains_key(&owner) =>
+            {
+                let registration = asap::Registration {
+                    pool_handle,
+                    pool_element: pe,
+                };
+                self.claim(now, entry, owner, association, registration);
+                return;
+            }
+            (None, _) if self.config.max_pool_elements_per_association > 0 => {
+                let held = self.handlespace.registered_over_count(association);
+                if held >= self.config.max_pool_elements_per_association {
+                    self.metrics
+                        .refused(SecurityRefusal::PoolElementsPerAssociation);
+                    self.events.push_back(RegistrarEvent::SecurityRefused {
+                        request: "registration",
+                        pool_handle: pool_handle.clone(),
+                        pe_id,
+                        association,
+                        peer: self.associations.get(&association).map(|a| a.peer.clone()),
+                        owner: None,
+                        reason: SecurityRefusal::PoolElementsPerAssociation,
+                    });
+                    self.reject_with(
+                        association,
+                        pool_handle,
+                        pe_id,
+                        ErrorCause::new(CauseCode::LackOfResources),
+                        format!(
+                            "{held} PEs registered over this association (max-pool-elements-per-association)"
+                        ),
+                    );
+                    return;
+                }
+            }
+            _ => {}
+        }
         match self
             .handlespace
             .register(&pool_handle, pe.clone(), Some(association), now)
@@ -559,6 +737,9 @@ impl Registrar {
             Ok(outcome) => {
                 let entry = outcome.entry();
                 let new = outcome.is_new();
+                // The owner's re-registration answers any probe as well as a keep-alive ack.
+                let waiting = self.security.answered(entry);
+                self.refuse_claims(waiting);
                 if new {
                     self.metrics.registrations += 1;
                 } else {
@@ -693,6 +874,31 @@ impl Registrar {
     }
 
     fn deregistration(&mut self, association: AssociationId, d: asap::Deregistration) {
+        // RFC 5355 §3.3/§3.4: only the association that registered a PE deregisters it.
+        let owner = self
+            .handlespace
+            .find(&d.pool_handle, d.pe_id)
+            .and_then(|e| e.association())
+            .filter(|o| *o != association && self.associations.contains_key(o));
+        if let Some(owner) = owner {
+            self.refuse_foreign(
+                "deregistration",
+                &d.pool_handle,
+                d.pe_id,
+                association,
+                Some(owner),
+                SecurityRefusal::ForeignDeregistration,
+            );
+            self.send(
+                association,
+                &AsapMessage::DeregistrationResponse(asap::DeregistrationResponse {
+                    pool_handle: d.pool_handle,
+                    pe_id: d.pe_id,
+                    error: Some(OperationError::new(CauseCode::RejectedSecurity)),
+                }),
+            );
+            return;
+        }
         // A PE that is already gone is deregistered too (RFC 5352 §3.2; RSPLIB answers so).
         if let Some(entry) = self.handlespace.entry_id(&d.pool_handle, d.pe_id) {
             self.metrics.deregistrations += 1;
@@ -720,11 +926,7 @@ impl Registrar {
             .and_then(|a| a.handle_resolutions.as_mut())
             .is_some_and(|b| !b.allow(now));
         if limited {
-            self.metrics.rate_limited(RateLimited::HandleResolution);
-            self.events.push_back(RegistrarEvent::RateLimited {
-                association,
-                what: RateLimited::HandleResolution,
-            });
+            self.rate_limited(association, RateLimited::HandleResolution);
             self.refuse_resolution(association, h.pool_handle, CauseCode::RejectedSecurity);
             return;
         }
@@ -803,14 +1005,16 @@ impl Registrar {
         );
     }
 
-    fn send_keep_alive(&mut self, now: Duration, entry: EntryId) {
+    /// Sends a keep-alive to the PE and arms its timeout; `false` if the PE has no live
+    /// association to send it over.
+    fn send_keep_alive(&mut self, now: Duration, entry: EntryId) -> bool {
         let Some(pe) = self.handlespace.get(entry) else {
-            return;
+            return false;
         };
         let (pool_handle, pe_id, association) =
             (pe.pool_handle().clone(), pe.id(), pe.association());
         let Some(association) = association.filter(|a| self.associations.contains_key(a)) else {
-            return;
+            return false;
         };
         self.send(
             association,
@@ -829,6 +1033,7 @@ impl Registrar {
         );
         self.events
             .push_back(RegistrarEvent::KeepAliveSent { pool_handle, pe_id });
+        true
     }
 
     fn keep_alive_ack(
@@ -857,6 +1062,9 @@ impl Registrar {
         self.metrics.keep_alives_acked += 1;
         let d = now + self.keep_alive_interval();
         self.arm(entry, TimerKind::KeepAliveTransmission, d);
+        // The owner answered: claims on its PE are refused (RFC 5355 §3.3).
+        let waiting = self.security.answered(entry);
+        self.refuse_claims(waiting);
         self.events.push_back(RegistrarEvent::KeepAliveAcked {
             pool_handle: a.pool_handle,
             pe_id: a.pe_id,
@@ -875,11 +1083,7 @@ impl Registrar {
             .and_then(|a| a.unreachable_reports.as_mut())
             .is_some_and(|b| !b.allow(now));
         if limited {
-            self.metrics.rate_limited(RateLimited::EndpointUnreachable);
-            self.events.push_back(RegistrarEvent::RateLimited {
-                association,
-                what: RateLimited::EndpointUnreachable,
-            });
+            self.rate_limited(association, RateLimited::EndpointUnreachable);
             return;
         }
         let Some(entry) = self.handlespace.entry_id(&u.pool_handle, u.pe_id) else {
@@ -890,22 +1094,211 @@ impl Registrar {
         };
         self.metrics.unreachable_reports += 1;
         self.events.push_back(RegistrarEvent::UnreachableReported {
-            pool_handle: u.pool_handle,
+            pool_handle: u.pool_handle.clone(),
             pe_id: u.pe_id,
             count,
         });
-        if count >= self.config.max_bad_pe_reports.max(1) {
-            self.remove(entry, RemovalCause::UnreachableReports);
-        } else if self.config.probe_on_unreachable {
-            // RFC 5352 §3.5: probe the PE at once; no answer in time removes it.
-            let awaiting = matches!(
-                self.handlespace.get(entry).and_then(|e| e.timer()),
-                Some(t) if t.kind == TimerKind::KeepAliveTimeout
-            );
-            if !awaiting {
-                self.send_keep_alive(now, entry);
+        // RFC 5352 §3.5: probe the PE with a keep-alive; only a failed probe removes it
+        // (RFC 5355 §3.12: reports alone must not remove a healthy PE). At most one probe at a
+        // time, and a bounded number per interval (RFC 5355 §3.13), whatever the reports.
+        if count >= self.config.max_bad_pe_reports.max(1) || self.config.probe_on_unreachable {
+            if self.probe_outstanding(entry) {
+                return;
+            }
+            if !self.security.take_report_probe(
+                entry,
+                now,
+                self.config.max_unreachable_probes,
+                self.config.unreachable_probe_interval,
+            ) {
+                self.metrics.unreachable_probes_suppressed += 1;
+                self.events.push_back(RegistrarEvent::ProbeSuppressed {
+                    pool_handle: u.pool_handle,
+                    pe_id: u.pe_id,
+                });
+                return;
+            }
+            if self.send_keep_alive(now, entry) {
+                self.metrics.unreachable_probes += 1;
+                self.security.probing(entry, ProbeReason::Reports);
+                self.events.push_back(RegistrarEvent::UnreachableProbe {
+                    pool_handle: u.pool_handle,
+                    pe_id: u.pe_id,
+                    reports: count,
+                });
             }
         }
+    }
+
+    /// Counts and reports a request refused by a per-client rate limit.
+    fn rate_limited(&mut self, association: AssociationId, what: RateLimited) {
+        self.metrics.rate_limited(what);
+        let count = self.associations.get_mut(&association).map_or(1, |a| {
+            a.rate_limited[what as usize] += 1;
+            a.rate_limited[what as usize]
+        });
+        self.events.push_back(RegistrarEvent::RateLimited {
+            association,
+            what,
+            count,
+        });
+    }
+
+    /// Whether a keep-alive to the PE awaits its answer (periodic, or a probe).
+    fn probe_outstanding(&self, entry: EntryId) -> bool {
+        self.security.outstanding(entry).is_some()
+            || matches!(
+                self.handlespace.get(entry).and_then(|e| e.timer()),
+                Some(t) if t.kind == TimerKind::KeepAliveTimeout
+            )
+    }
+
+    /// Another association claims a live PE: the claim waits for the owner's answer to a
+    /// keep-alive, sent now unless one is already outstanding (RFC 5355 §3.3; a PE that
+    /// restarted gets back in within one keep-alive timeout).
+    fn claim(
+        &mut self,
+        now: Duration,
+        entry: EntryId,
+        owner: AssociationId,
+        claimant: AssociationId,
+        registration: asap::Registration,
+    ) {
+        let (pool_handle, pe_id) = (
+            registration.pool_handle.clone(),
+            registration.pool_element.id,
+        );
+        let repeated = self.security.add_claim_if_room(
+            entry,
+            self.config.max_pending_claims.max(1),
+            Claim {
+                association: claimant,
+                registration,
+            },
+        );
+        let Some(_replaced) = repeated else {
+            self.refuse_foreign(
+                "registration",
+                &pool_handle,
+                pe_id,
+                claimant,
+                Some(owner),
+                SecurityRefusal::PendingClaims,
+            );
+            self.reject_with(
+                claimant,
+                pool_handle,
+                pe_id,
+                ErrorCause::new(CauseCode::RejectedSecurity),
+                format!(
+                    "the PE is registered over another association and {} claims already wait for its probe",
+                    self.config.max_pending_claims.max(1)
+                ),
+            );
+            return;
+        };
+        if self.probe_outstanding(entry) {
+            return;
+        }
+        if self.send_keep_alive(now, entry) {
+            self.metrics.ownership_probes += 1;
+            self.security.probing(entry, ProbeReason::Claim);
+            self.events.push_back(RegistrarEvent::OwnershipProbe {
+                pool_handle,
+                pe_id,
+                owner,
+                claimant,
+                peer: self.associations.get(&claimant).map(|a| a.peer.clone()),
+            });
+        }
+    }
+
+    /// Refuses claims whose PE's owner answered.
+    fn refuse_claims(&mut self, claims: Vec<Claim>) {
+        for c in claims {
+            if !self.associations.contains_key(&c.association) {
+                continue;
+            }
+            let (pool_handle, pe_id) = (c.registration.pool_handle, c.registration.pool_element.id);
+            let owner = self
+                .handlespace
+                .find(&pool_handle, pe_id)
+                .and_then(|e| e.association());
+            self.refuse_foreign(
+                "registration",
+                &pool_handle,
+                pe_id,
+                c.association,
+                owner,
+                SecurityRefusal::ForeignRegistration,
+            );
+            self.reject_with(
+                c.association,
+                pool_handle,
+                pe_id,
+                ErrorCause::new(CauseCode::RejectedSecurity),
+                "the PE is registered over another association, which answered the probe".into(),
+            );
+        }
+    }
+
+    /// Claims on PEs that left the handlespace in this step: the oldest one still connected is
+    /// registered, the others refused (the PE now has an owner again).
+    fn settle_claims(&mut self, now: Duration) {
+        while !self.settled_claims.is_empty() {
+            let claims = std::mem::take(&mut self.settled_claims);
+            let mut granted: Vec<(PoolHandle, PoolElementId)> = Vec::new();
+            for c in claims {
+                if !self.associations.contains_key(&c.association) {
+                    continue;
+                }
+                let key = (
+                    c.registration.pool_handle.clone(),
+                    c.registration.pool_element.id,
+                );
+                if granted.contains(&key) {
+                    self.refuse_claims(vec![c]);
+                    continue;
+                }
+                let association = c.association;
+                self.register(now, association, c.registration);
+                let owned = self
+                    .handlespace
+                    .find(&key.0, key.1)
+                    .and_then(|e| e.association())
+                    == Some(association);
+                if owned {
+                    self.metrics.claims_granted += 1;
+                    self.events.push_back(RegistrarEvent::ClaimGranted {
+                        pool_handle: key.0.clone(),
+                        pe_id: key.1,
+                        association,
+                    });
+                    granted.push(key);
+                }
+            }
+        }
+    }
+
+    fn refuse_foreign(
+        &mut self,
+        request: &'static str,
+        pool_handle: &PoolHandle,
+        pe_id: PoolElementId,
+        association: AssociationId,
+        owner: Option<AssociationId>,
+        reason: SecurityRefusal,
+    ) {
+        self.metrics.refused(reason);
+        self.events.push_back(RegistrarEvent::SecurityRefused {
+            request,
+            pool_handle: pool_handle.clone(),
+            pe_id,
+            association,
+            peer: self.associations.get(&association).map(|a| a.peer.clone()),
+            owner,
+            reason,
+        });
     }
 
     fn expire(&mut self, entry: EntryId) {
@@ -941,6 +1334,9 @@ impl Registrar {
 
     fn removed(&mut self, pool_handle: PoolHandle, removed: RemovedElement, cause: RemovalCause) {
         self.encoded_pes.forget(removed.entry);
+        // Claims on the PE are settled when this step ends: its owner is gone.
+        let claims = self.security.removed(removed.entry);
+        self.settled_claims.extend(claims);
         self.metrics.removal(cause);
         self.events.push_back(RegistrarEvent::Removed {
             pool_handle,

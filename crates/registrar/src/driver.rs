@@ -355,9 +355,16 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             port = peer.port,
             "association up"
         ),
-        RegistrarEvent::AssociationRefused { association } => {
+        RegistrarEvent::AssociationRefused {
+            association,
+            peer,
+            limit,
+        } => {
             tracing::warn!(
                 association = association.0,
+                peer = ?peer.addresses,
+                port = peer.port,
+                limit,
                 "association refused: association limit reached"
             );
             let _ = handle
@@ -432,9 +439,19 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             pool_handle,
             pe_id,
             count,
-        } => tracing::info!(pool = %pool_handle, pe = %pe_id, count, "reported unreachable"),
-        RegistrarEvent::RateLimited { association, what } => {
-            tracing::warn!(association = association.0, request = ?what, "rate limited")
+        } => tracing::debug!(pool = %pool_handle, pe = %pe_id, count, "reported unreachable"),
+        // A flood is logged sparsely: the 1st, 2nd, 4th, 8th... refusal of each association
+        // at warn (the metrics count every one).
+        RegistrarEvent::RateLimited {
+            association,
+            what,
+            count,
+        } => {
+            if count.is_power_of_two() {
+                tracing::warn!(association = association.0, request = ?what, refused = count, "rate limited")
+            } else {
+                tracing::trace!(association = association.0, request = ?what, refused = count, "rate limited")
+            }
         }
         RegistrarEvent::Malformed {
             association,
@@ -446,5 +463,64 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             message,
             reason,
         } => tracing::debug!(association = association.0, message, reason, "ignored"),
+        RegistrarEvent::SecurityRefused {
+            request,
+            pool_handle,
+            pe_id,
+            association,
+            peer,
+            owner,
+            reason,
+        } => tracing::warn!(
+            request,
+            pool = %pool_handle,
+            pe = %pe_id,
+            association = association.0,
+            peer = ?peer.as_ref().map(|p| &p.addresses),
+            port = peer.as_ref().map(|p| p.port),
+            owner = owner.map(|o| o.0),
+            reason = reason.label(),
+            "refused: {reason}"
+        ),
+        RegistrarEvent::OwnershipProbe {
+            pool_handle,
+            pe_id,
+            owner,
+            claimant,
+            peer,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            owner = owner.0,
+            claimant = claimant.0,
+            peer = ?peer.as_ref().map(|p| &p.addresses),
+            port = peer.as_ref().map(|p| p.port),
+            "another association claims the PE: probing its owner"
+        ),
+        RegistrarEvent::ClaimGranted {
+            pool_handle,
+            pe_id,
+            association,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            association = association.0,
+            "claim granted: the owner is gone or failed the probe"
+        ),
+        RegistrarEvent::UnreachableProbe {
+            pool_handle,
+            pe_id,
+            reports,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            reports,
+            "reported unreachable: probing the PE"
+        ),
+        RegistrarEvent::ProbeSuppressed { pool_handle, pe_id } => tracing::debug!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            "unreachable reports: probe budget of the PE spent, no probe sent"
+        ),
     }
 }

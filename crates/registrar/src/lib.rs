@@ -11,10 +11,11 @@ mod http;
 mod metrics;
 mod outbox;
 mod rate;
+mod security;
 
 pub use crate::config::{AddressScope, AnnounceConfig, Profile, RateLimit, RegistrarConfig};
 pub use crate::core::{
     AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent, Transmit,
 };
-pub use crate::metrics::{Metrics, RateLimited, RemovalCause};
+pub use crate::metrics::{Metrics, RateLimited, RemovalCause, SecurityRefusal};
 pub use rserpool_handlespace::AssociationId;

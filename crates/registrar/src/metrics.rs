@@ -61,6 +61,65 @@ pub enum RateLimited {
     HandleResolution,
     /// ASAP_ENDPOINT_UNREACHABLE (`-maxeurate`).
     EndpointUnreachable,
+    /// ASAP_REGISTRATION (`--max-registration-rate`).
+    Registration,
+}
+
+/// Why a request was refused to protect PEs or the registrar (RFC 5355), beside the rate
+/// limits ([`RateLimited`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SecurityRefusal {
+    /// ASAP_DEREGISTRATION of a PE that another association registered.
+    ForeignDeregistration,
+    /// ASAP_REGISTRATION of a PE identifier that another association owns, whose owner
+    /// answered the ownership probe.
+    ForeignRegistration,
+    /// A claim on a PE while [`crate::RegistrarConfig::max_pending_claims`] already wait.
+    PendingClaims,
+    /// An association past [`crate::RegistrarConfig::max_associations_per_address`].
+    AssociationsPerAddress,
+    /// A new PE past [`crate::RegistrarConfig::max_pool_elements_per_association`].
+    PoolElementsPerAssociation,
+}
+
+impl SecurityRefusal {
+    /// All reasons, in the order metrics list them.
+    pub const ALL: [SecurityRefusal; 5] = [
+        SecurityRefusal::ForeignDeregistration,
+        SecurityRefusal::ForeignRegistration,
+        SecurityRefusal::PendingClaims,
+        SecurityRefusal::AssociationsPerAddress,
+        SecurityRefusal::PoolElementsPerAssociation,
+    ];
+
+    /// Label value, e.g. `foreign_deregistration`.
+    pub fn label(self) -> &'static str {
+        match self {
+            SecurityRefusal::ForeignDeregistration => "foreign_deregistration",
+            SecurityRefusal::ForeignRegistration => "foreign_registration",
+            SecurityRefusal::PendingClaims => "pending_claims",
+            SecurityRefusal::AssociationsPerAddress => "associations_per_address",
+            SecurityRefusal::PoolElementsPerAssociation => "pool_elements_per_association",
+        }
+    }
+}
+
+impl std::fmt::Display for SecurityRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SecurityRefusal::ForeignDeregistration => {
+                "deregistration of a PE registered over another association"
+            }
+            SecurityRefusal::ForeignRegistration => {
+                "registration of a PE identifier owned by another association that answered the probe"
+            }
+            SecurityRefusal::PendingClaims => "too many claims wait for the ownership probe",
+            SecurityRefusal::AssociationsPerAddress => "too many associations from this address",
+            SecurityRefusal::PoolElementsPerAssociation => {
+                "too many PEs registered over this association"
+            }
+        })
+    }
 }
 
 /// Counters (monotonic) and gauges (current values) of a registrar.
@@ -90,8 +149,19 @@ pub struct Metrics {
     pub keep_alives_missed: u64,
     /// ENDPOINT_UNREACHABLE reports counted against a known PE.
     pub unreachable_reports: u64,
-    /// Requests refused by a per-client rate limit: handle resolutions, unreachable reports.
-    pub rate_limited: [u64; 2],
+    /// Requests refused by a per-client rate limit: handle resolutions, unreachable reports,
+    /// registrations.
+    pub rate_limited: [u64; 3],
+    /// Requests and associations refused for security (see [`SecurityRefusal::ALL`]).
+    pub security_refusals: [u64; 5],
+    /// Keep-alives sent to a PE's owner because another association claimed the PE.
+    pub ownership_probes: u64,
+    /// Claims granted because the owner association was gone or failed the probe.
+    pub claims_granted: u64,
+    /// Keep-alives sent to a PE because pool users reported it unreachable.
+    pub unreachable_probes: u64,
+    /// Probes that reports would have triggered but the per-PE probe budget did not allow.
+    pub unreachable_probes_suppressed: u64,
     /// Messages that could not be decoded.
     pub malformed_messages: u64,
     /// ASAP_ERRORs sent.
@@ -123,6 +193,15 @@ impl Metrics {
 
     pub(crate) fn rate_limited(&mut self, what: RateLimited) {
         self.rate_limited[what as usize] += 1;
+    }
+
+    pub(crate) fn refused(&mut self, why: SecurityRefusal) {
+        self.security_refusals[why as usize] += 1;
+    }
+
+    /// Refusals for the given reason so far.
+    pub fn refusals_by(&self, why: SecurityRefusal) -> u64 {
+        self.security_refusals[why as usize]
     }
 
     /// Removals with the given cause so far.
@@ -210,6 +289,26 @@ impl Metrics {
             self.announces_sent,
         );
         counter(
+            "ownership_probes_total",
+            "Keep-alives sent to a PE's owner because another association claimed the PE.",
+            self.ownership_probes,
+        );
+        counter(
+            "claims_granted_total",
+            "Claims on a PE granted because its owner was gone or failed the probe.",
+            self.claims_granted,
+        );
+        counter(
+            "unreachable_probes_total",
+            "Keep-alives sent to a PE because pool users reported it unreachable.",
+            self.unreachable_probes,
+        );
+        counter(
+            "unreachable_probes_suppressed_total",
+            "Probes reports would have triggered beyond the per-PE probe budget.",
+            self.unreachable_probes_suppressed,
+        );
+        counter(
             "dropped_answers_total",
             "Answers dropped because too many waited for room in the transport.",
             self.dropped_answers,
@@ -254,11 +353,28 @@ impl Metrics {
         for (what, label) in [
             (RateLimited::HandleResolution, "handle_resolution"),
             (RateLimited::EndpointUnreachable, "endpoint_unreachable"),
+            (RateLimited::Registration, "registration"),
         ] {
             let _ = writeln!(
                 out,
                 "rserpool_registrar_rate_limited_total{{request=\"{label}\"}} {}",
                 self.rate_limited_by(what)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP rserpool_registrar_security_refusals_total Requests and associations refused to protect PEs or the registrar, by reason."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE rserpool_registrar_security_refusals_total counter"
+        );
+        for why in SecurityRefusal::ALL {
+            let _ = writeln!(
+                out,
+                "rserpool_registrar_security_refusals_total{{reason=\"{}\"}} {}",
+                why.label(),
+                self.refusals_by(why)
             );
         }
         for (name, help, value) in [

@@ -462,7 +462,7 @@ fn association_loss_removes_its_pes_only() {
 }
 
 #[test]
-fn unreachable_reports_remove_at_the_threshold() {
+fn unreachable_reports_at_the_threshold_probe_and_a_failed_probe_removes() {
     let mut h = Harness::rsplib();
     let a = h.up(1, PE_ADDR);
     let pu = h.up(2, PU_ADDR);
@@ -475,12 +475,24 @@ fn unreachable_reports_remove_at_the_threshold() {
     h.send(pu, report.clone());
     h.send(pu, report.clone());
     assert_eq!(h.r.handlespace().len(), 1);
-    assert!(h.sent().is_empty(), "the rsplib profile only counts");
+    assert!(
+        h.sent().is_empty(),
+        "the rsplib profile counts below the threshold"
+    );
     h.send(pu, report);
+    // The third report probes the PE (RFC 5352 §3.5); reports alone remove nothing.
+    let sent = h.sent_to(a);
+    assert!(
+        matches!(&sent[..], [AsapMessage::EndpointKeepAlive(_)]),
+        "{sent:?}"
+    );
+    assert_eq!(h.r.handlespace().len(), 1);
+    h.advance_to(h.now + Duration::from_secs(6));
     assert!(h
         .removals()
         .contains(&(PoolElementId(1), RemovalCause::UnreachableReports)));
     assert_eq!(h.r.metrics().unreachable_reports, 3);
+    assert_eq!(h.r.metrics().unreachable_probes, 1);
 }
 
 #[test]
@@ -507,7 +519,7 @@ fn rfc_profile_probes_a_reported_pe_at_once() {
     h.advance_to(h.now + ms(1001));
     assert!(h
         .removals()
-        .contains(&(PoolElementId(1), RemovalCause::KeepAliveTimeout)));
+        .contains(&(PoolElementId(1), RemovalCause::UnreachableReports)));
 }
 
 #[test]
@@ -714,7 +726,9 @@ fn association_limit_refuses_the_extra_one() {
     let a = h.up(1, PE_ADDR);
     let b = h.up(2, PU_ADDR);
     let events = h.events();
-    assert!(events.contains(&RegistrarEvent::AssociationRefused { association: b }));
+    assert!(events.iter().any(|e| matches!(e,
+        RegistrarEvent::AssociationRefused { association, limit: "max-associations", .. }
+        if *association == b)));
     h.send(b, resolution("P", None));
     assert!(
         h.sent_to(b).is_empty(),

@@ -443,20 +443,39 @@ async fn endpoint_drivers_register_resolve_and_report() {
         pu.resolve(PoolHandle::from("Nowhere")).await,
         Err(ResolveError::UnknownPoolHandle)
     );
-    // Unreachable reports remove the other one at the threshold.
+    // Unreachable reports at the threshold probe the other one; it answers and stays
+    // (RFC 5352 §3.5: only a failed probe removes it).
     let other = handles[0].id();
+    let acked_before = metrics.lock().unwrap().keep_alives_acked;
     for _ in 0..3 {
         pu.report_unreachable(PoolHandle::from("EchoPool"), other)
             .await;
     }
-    wait_for("unreachable removal", Duration::from_secs(3), || {
+    // A report that finds a periodic keep-alive outstanding waits for that one instead of
+    // probing: report again until a probe went out.
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while metrics.lock().unwrap().unreachable_probes == 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "no probe for the reports"
+        );
+        pu.report_unreachable(PoolHandle::from("EchoPool"), other)
+            .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for("the probe's answer", Duration::from_secs(10), || {
+        metrics.lock().unwrap().keep_alives_acked > acked_before
+    })
+    .await;
+    let res = pu.resolve(PoolHandle::from("EchoPool")).await.unwrap();
+    assert!(res.pool_elements.iter().any(|p| p.id == other));
+    assert_eq!(
         metrics
             .lock()
             .unwrap()
-            .removals_by(RemovalCause::UnreachableReports)
-            == 1
-    })
-    .await;
+            .removals_by(RemovalCause::UnreachableReports),
+        0
+    );
 }
 
 #[tokio::test]

@@ -250,14 +250,27 @@ fn pool_user_resolves_with_and_without_cache() {
 }
 
 #[test]
-fn unreachable_reports_from_the_pool_user_remove_the_pe() {
+fn unreachable_reports_probe_the_pe_and_only_a_silent_one_is_removed() {
     let mut w = World::new(2, Duration::from_secs(60));
     let pool = PoolHandle::from("EchoPool");
+    // A PE that answers the probe the reports trigger stays (RFC 5352 §3.5, RFC 5355 §3.12).
+    let healthy = w.pes[1].1.id();
+    for _ in 0..3 {
+        w.pu.1.report_unreachable(&pool, healthy);
+        w.pump();
+    }
+    assert_eq!(w.registrar.metrics().unreachable_probes, 1);
+    w.run_until(Duration::from_secs(1));
+    assert!(w.removals().is_empty());
+    assert!(w.registrar.handlespace().find(&pool, healthy).is_some());
+    // A silent one is removed once the probe times out.
     let victim = w.pes[0].1.id();
+    w.pes[0].2 = false;
     for _ in 0..3 {
         w.pu.1.report_unreachable(&pool, victim);
         w.pump();
     }
+    w.run_until(Duration::from_secs(7));
     assert_eq!(w.removals(), vec![RemovalCause::UnreachableReports]);
     assert!(w.registrar.handlespace().find(&pool, victim).is_none());
 }

@@ -1,0 +1,616 @@
+//! The registrar core's defences of RFC 5355 in virtual time: PEs owned by the association that
+//! registered them, ownership probes for claims, probes (not removals) for unreachable reports
+//! with a per-PE budget, and the flood limits (associations per address, registrations per
+//! association, PEs per association).
+
+use rserpool_registrar::{
+    AssociationId, AssociationKind, Destination, PeerInfo, Profile, RateLimit, RateLimited,
+    Registrar, RegistrarConfig, RegistrarEvent, RemovalCause, SecurityRefusal,
+};
+use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_wire::{
+    CauseCode, Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
+    RegistrationLife, TransportAddress, TransportUse, UserTransport,
+};
+use std::time::Duration;
+
+const HOST: &str = "10.255.0.1";
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+struct Harness {
+    r: Registrar,
+    codec: Codec,
+    now: Duration,
+}
+
+impl Harness {
+    fn new(profile: Profile, tweak: impl FnOnce(&mut RegistrarConfig)) -> Self {
+        let mut config = RegistrarConfig::new(profile);
+        config.registrar_id = RegistrarId(0x1234_5678);
+        config.seed = Some(7);
+        config.announce = None;
+        config.keep_alive_jitter = 0.0;
+        config.keep_alive_interval = Duration::from_secs(5);
+        config.keep_alive_timeout = Duration::from_secs(2);
+        tweak(&mut config);
+        let codec = Codec::new(config.codec);
+        Harness {
+            r: Registrar::new(config, Duration::ZERO),
+            codec,
+            now: Duration::ZERO,
+        }
+    }
+
+    fn rsplib() -> Self {
+        Self::new(Profile::Rsplib, |_| {})
+    }
+
+    /// An association from `addr`; the port tells associations of one host apart.
+    fn up(&mut self, id: u64, addr: &str) -> AssociationId {
+        let a = AssociationId(id);
+        self.r.association_up(
+            self.now,
+            a,
+            PeerInfo {
+                kind: AssociationKind::Sctp,
+                addresses: vec![addr.parse().unwrap()],
+                port: 40_000 + id as u16,
+            },
+        );
+        a
+    }
+
+    fn send(&mut self, a: AssociationId, m: AsapMessage) {
+        let b = self.codec.encode(&m).unwrap();
+        self.r.message(self.now, a, Protocol::Asap.ppid(), &b);
+    }
+
+    fn advance_to(&mut self, t: Duration) {
+        while let Some(due) = self.r.poll_timeout() {
+            if due > t {
+                break;
+            }
+            self.now = due.max(self.now);
+            self.r.handle_timeout(self.now);
+        }
+        self.now = t;
+        self.r.handle_timeout(t);
+    }
+
+    fn sent(&mut self) -> Vec<(Destination, AsapMessage)> {
+        std::iter::from_fn(|| self.r.poll_transmit())
+            .map(|t| {
+                (
+                    t.destination,
+                    self.codec.decode::<AsapMessage>(&t.bytes).unwrap().message,
+                )
+            })
+            .collect()
+    }
+
+    fn sent_to(sent: &[(Destination, AsapMessage)], a: AssociationId) -> Vec<AsapMessage> {
+        sent.iter()
+            .filter(|(d, _)| *d == Destination::Association(a))
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+
+    fn events(&mut self) -> Vec<RegistrarEvent> {
+        std::iter::from_fn(|| self.r.poll_event()).collect()
+    }
+
+    fn owner(&self, pool: &str, id: u32) -> Option<AssociationId> {
+        self.r
+            .handlespace()
+            .find(&PoolHandle::from(pool), PoolElementId(id))
+            .and_then(|e| e.association())
+    }
+
+    fn ack(&mut self, a: AssociationId, pool: &str, id: u32) {
+        self.send(
+            a,
+            AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
+                pool_handle: PoolHandle::from(pool),
+                pe_id: PoolElementId(id),
+            }),
+        );
+    }
+}
+
+fn pe(id: u32) -> PoolElement {
+    PoolElement {
+        id: PoolElementId(id),
+        home_registrar: RegistrarId(0),
+        registration_life: RegistrationLife::Finite(Duration::from_secs(90)),
+        user_transport: UserTransport::Address(TransportAddress::sctp(
+            7000,
+            TransportUse::DataPlusControl,
+            vec![HOST.parse().unwrap()],
+        )),
+        policy: PoolPolicy::RoundRobin,
+        asap_transport: None,
+    }
+}
+
+fn registration(pool: &str, id: u32) -> AsapMessage {
+    AsapMessage::Registration(asap::Registration {
+        pool_handle: PoolHandle::from(pool),
+        pool_element: pe(id),
+    })
+}
+
+fn deregistration(pool: &str, id: u32) -> AsapMessage {
+    AsapMessage::Deregistration(asap::Deregistration {
+        pool_handle: PoolHandle::from(pool),
+        pe_id: PoolElementId(id),
+    })
+}
+
+fn unreachable(pool: &str, id: u32) -> AsapMessage {
+    AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
+        pool_handle: PoolHandle::from(pool),
+        pe_id: PoolElementId(id),
+    })
+}
+
+/// The registration responses in `m`: (PE, accepted, cause of a reject).
+fn responses(m: &[AsapMessage]) -> Vec<(u32, bool, Option<CauseCode>)> {
+    m.iter()
+        .filter_map(|m| match m {
+            AsapMessage::RegistrationResponse(r) => Some((
+                r.pe_id.0,
+                !r.reject,
+                r.error.as_ref().and_then(|e| e.code()),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn keep_alives(m: &[AsapMessage]) -> usize {
+    m.iter()
+        .filter(|m| matches!(m, AsapMessage::EndpointKeepAlive(_)))
+        .count()
+}
+
+#[test]
+fn only_the_owner_association_deregisters_its_pe() {
+    let mut h = Harness::rsplib();
+    let owner = h.up(1, HOST);
+    let attacker = h.up(2, HOST);
+    h.send(owner, registration("P", 5));
+    h.sent();
+    h.events();
+
+    h.send(attacker, deregistration("P", 5));
+    let sent = h.sent();
+    let answer = Harness::sent_to(&sent, attacker);
+    let [AsapMessage::DeregistrationResponse(d)] = &answer[..] else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(
+        d.error.as_ref().and_then(|e| e.code()),
+        Some(CauseCode::RejectedSecurity)
+    );
+    assert_eq!(h.owner("P", 5), Some(owner), "the PE stays with its owner");
+    assert_eq!(
+        h.r.metrics()
+            .refusals_by(SecurityRefusal::ForeignDeregistration),
+        1
+    );
+    assert_eq!(h.r.metrics().deregistrations, 0);
+    let events = h.events();
+    assert!(
+        events.iter().any(|e| matches!(e,
+            RegistrarEvent::SecurityRefused { request: "deregistration", association, owner: Some(o), peer: Some(p), reason: SecurityRefusal::ForeignDeregistration, .. }
+            if *association == attacker && *o == owner && p.port == 40_002 && p.addresses == vec![HOST.parse::<std::net::IpAddr>().unwrap()])),
+        "{events:?}"
+    );
+    let rendered = h.r.metrics().render_prometheus();
+    assert!(rendered.contains(
+        "rserpool_registrar_security_refusals_total{reason=\"foreign_deregistration\"} 1"
+    ));
+
+    h.send(owner, deregistration("P", 5));
+    let sent = h.sent();
+    assert!(matches!(&Harness::sent_to(&sent, owner)[..],
+        [AsapMessage::DeregistrationResponse(d)] if d.error.is_none()));
+    assert!(h.r.handlespace().is_empty());
+}
+
+#[test]
+fn a_claim_waits_for_the_probe_and_is_refused_when_the_owner_answers() {
+    let mut h = Harness::rsplib();
+    let owner = h.up(1, HOST);
+    let b = h.up(2, HOST);
+    let c = h.up(3, HOST);
+    h.send(owner, registration("P", 5));
+    h.sent();
+    h.advance_to(ms(100));
+
+    h.send(b, registration("P", 5));
+    let sent = h.sent();
+    assert!(
+        Harness::sent_to(&sent, b).is_empty(),
+        "the claim waits: {sent:?}"
+    );
+    assert_eq!(keep_alives(&Harness::sent_to(&sent, owner)), 1, "probe");
+    assert_eq!(h.r.metrics().ownership_probes, 1);
+    assert!(h
+        .events()
+        .iter()
+        .any(|e| matches!(e, RegistrarEvent::OwnershipProbe { owner: o, claimant, .. } if *o == owner && *claimant == b)));
+
+    // A second claim joins the first: no second probe.
+    h.advance_to(ms(500));
+    h.send(c, registration("P", 5));
+    let sent = h.sent();
+    assert!(sent.is_empty(), "{sent:?}");
+    assert_eq!(h.r.metrics().ownership_probes, 1);
+
+    h.advance_to(ms(900));
+    h.ack(owner, "P", 5);
+    let sent = h.sent();
+    for claimant in [b, c] {
+        assert_eq!(
+            responses(&Harness::sent_to(&sent, claimant)),
+            vec![(5, false, Some(CauseCode::RejectedSecurity))]
+        );
+    }
+    assert_eq!(h.owner("P", 5), Some(owner));
+    let stored =
+        h.r.handlespace()
+            .find(&PoolHandle::from("P"), PoolElementId(5))
+            .unwrap();
+    assert_eq!(
+        stored.element().asap_transport.as_ref().unwrap().port,
+        40_001,
+        "users are still sent to the owner"
+    );
+    assert_eq!(
+        h.r.metrics()
+            .refusals_by(SecurityRefusal::ForeignRegistration),
+        2
+    );
+    // Past the probe timeout nothing changes: the answered probe does not remove the PE.
+    h.advance_to(ms(4000));
+    assert_eq!(h.owner("P", 5), Some(owner));
+    assert_eq!(h.r.metrics().claims_granted, 0);
+}
+
+#[test]
+fn a_claim_is_granted_within_one_probe_timeout_when_the_owner_is_silent() {
+    let mut h = Harness::rsplib();
+    let owner = h.up(1, HOST);
+    let restarted = h.up(2, HOST);
+    let other = h.up(3, HOST);
+    h.send(owner, registration("P", 5));
+    h.sent();
+    h.advance_to(ms(100));
+    h.send(restarted, registration("P", 5));
+    h.send(other, registration("P", 5));
+    h.sent();
+    h.events();
+    h.advance_to(ms(2099));
+    assert_eq!(h.owner("P", 5), Some(owner), "not before the timeout");
+    h.advance_to(ms(2100));
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, restarted)),
+        vec![(5, true, None)],
+        "the first claim gets the PE"
+    );
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, other)),
+        vec![(5, false, Some(CauseCode::RejectedSecurity))],
+        "the second finds it owned again"
+    );
+    assert_eq!(h.owner("P", 5), Some(restarted));
+    assert_eq!(h.r.metrics().claims_granted, 1);
+    let events = h.events();
+    assert!(events.iter().any(|e| matches!(
+        e,
+        RegistrarEvent::Removed {
+            cause: RemovalCause::KeepAliveTimeout,
+            ..
+        }
+    )));
+    assert!(events.iter().any(|e| matches!(e,
+        RegistrarEvent::ClaimGranted { association, .. } if *association == restarted)));
+    // The new owner is kept by keep-alives over its own association.
+    h.advance_to(ms(7200));
+    let sent = h.sent();
+    assert_eq!(keep_alives(&Harness::sent_to(&sent, restarted)), 1);
+    assert_eq!(keep_alives(&Harness::sent_to(&sent, owner)), 0);
+}
+
+#[test]
+fn a_claim_is_granted_at_once_when_the_owner_association_goes_down() {
+    let mut h = Harness::rsplib();
+    let owner = h.up(1, HOST);
+    let b = h.up(2, HOST);
+    h.send(owner, registration("P", 5));
+    h.send(b, registration("P", 5));
+    h.sent();
+    h.r.association_down(h.now, owner);
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, b)),
+        vec![(5, true, None)]
+    );
+    assert_eq!(h.owner("P", 5), Some(b));
+
+    // With the owner gone first, a registration is an ordinary new one.
+    let c = h.up(3, HOST);
+    h.r.association_down(h.now, b);
+    h.send(c, registration("P", 5));
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, c)),
+        vec![(5, true, None)]
+    );
+    assert_eq!(h.r.metrics().ownership_probes, 1);
+}
+
+#[test]
+fn the_owners_reregistration_answers_the_probe() {
+    let mut h = Harness::rsplib();
+    let owner = h.up(1, HOST);
+    let b = h.up(2, HOST);
+    h.send(owner, registration("P", 5));
+    h.send(b, registration("P", 5));
+    h.sent();
+    h.send(owner, registration("P", 5));
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, owner)),
+        vec![(5, true, None)]
+    );
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, b)),
+        vec![(5, false, Some(CauseCode::RejectedSecurity))]
+    );
+    h.advance_to(ms(3000));
+    assert_eq!(h.owner("P", 5), Some(owner));
+}
+
+#[test]
+fn a_claimant_that_leaves_drops_its_claim() {
+    let mut h = Harness::rsplib();
+    let owner = h.up(1, HOST);
+    let b = h.up(2, HOST);
+    h.send(owner, registration("P", 5));
+    h.send(b, registration("P", 5));
+    h.sent();
+    h.r.association_down(h.now, b);
+    h.advance_to(ms(3000));
+    assert!(h.r.handlespace().is_empty(), "the silent owner is removed");
+    assert_eq!(h.r.metrics().claims_granted, 0);
+    assert!(h
+        .sent()
+        .iter()
+        .all(|(d, _)| *d != Destination::Association(b)));
+}
+
+#[test]
+fn waiting_claims_are_bounded_and_a_retry_replaces_its_claim() {
+    let mut h = Harness::new(Profile::Rsplib, |c| c.max_pending_claims = 2);
+    let owner = h.up(1, HOST);
+    let b = h.up(2, HOST);
+    let c = h.up(3, HOST);
+    let d = h.up(4, HOST);
+    h.send(owner, registration("P", 5));
+    h.sent();
+    h.send(b, registration("P", 5));
+    h.send(b, registration("P", 5));
+    h.send(c, registration("P", 5));
+    let sent = h.sent();
+    assert!(Harness::sent_to(&sent, b).is_empty() && Harness::sent_to(&sent, c).is_empty());
+    h.send(d, registration("P", 5));
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, d)),
+        vec![(5, false, Some(CauseCode::RejectedSecurity))]
+    );
+    assert_eq!(h.r.metrics().refusals_by(SecurityRefusal::PendingClaims), 1);
+    h.ack(owner, "P", 5);
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, b)).len(),
+        1,
+        "one answer for the retried claim"
+    );
+    assert_eq!(responses(&Harness::sent_to(&sent, c)).len(), 1);
+}
+
+#[test]
+fn unreachable_reports_probe_and_a_healthy_pe_stays_in_every_profile() {
+    for profile in [Profile::Rsplib, Profile::Rfc] {
+        let mut h = Harness::new(profile, |c| {
+            c.endpoint_unreachable_rate = None;
+            c.max_unreachable_probes = 3;
+            c.unreachable_probe_interval = Duration::from_secs(30);
+        });
+        let owner = h.up(1, HOST);
+        h.send(owner, registration("P", 5));
+        h.sent();
+        // A flood of reports from many fresh associations over ten seconds; the PE answers
+        // every keep-alive it gets.
+        let reporters: Vec<AssociationId> = (0..50).map(|i| h.up(100 + i, "10.255.0.9")).collect();
+        let mut probes = 0;
+        let mut t = ms(10);
+        for round in 0..1000u64 {
+            let r = reporters[(round % 50) as usize];
+            h.send(r, unreachable("P", 5));
+            let sent = h.sent();
+            let k = keep_alives(&Harness::sent_to(&sent, owner));
+            assert!(k <= 1, "{profile:?}: two probes at once");
+            if k == 1 {
+                probes += 1;
+                h.ack(owner, "P", 5);
+            }
+            t += ms(10);
+            h.advance_to(t);
+            for (_, m) in h.sent() {
+                if matches!(m, AsapMessage::EndpointKeepAlive(_)) {
+                    h.ack(owner, "P", 5);
+                }
+            }
+        }
+        assert_eq!(h.owner("P", 5), Some(owner), "{profile:?}");
+        assert_eq!(
+            probes, 3,
+            "{profile:?}: the report budget allows 3 probes in 30 s"
+        );
+        assert_eq!(h.r.metrics().unreachable_probes, 3);
+        assert!(h.r.metrics().unreachable_probes_suppressed > 900);
+        assert_eq!(h.r.metrics().unreachable_reports, 1000);
+        assert_eq!(h.r.metrics().removals.iter().sum::<u64>(), 0);
+    }
+}
+
+#[test]
+fn reports_reaching_the_threshold_remove_a_silent_pe_only_after_the_probe() {
+    let mut h = Harness::rsplib();
+    let owner = h.up(1, HOST);
+    let pu = h.up(2, "10.255.0.9");
+    h.send(owner, registration("P", 5));
+    h.sent();
+    h.send(pu, unreachable("P", 5));
+    h.send(pu, unreachable("P", 5));
+    assert!(
+        h.sent().is_empty(),
+        "rsplib profile: below the threshold reports are counted"
+    );
+    h.send(pu, unreachable("P", 5));
+    let sent = h.sent();
+    assert_eq!(keep_alives(&Harness::sent_to(&sent, owner)), 1);
+    assert_eq!(h.owner("P", 5), Some(owner), "not removed by reports alone");
+    h.send(pu, unreachable("P", 5));
+    assert!(h.sent().is_empty(), "one probe at a time");
+    h.advance_to(ms(2001));
+    let events = h.events();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            RegistrarEvent::Removed {
+                cause: RemovalCause::UnreachableReports,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    assert!(h.r.handlespace().is_empty());
+}
+
+#[test]
+fn registration_rate_per_association() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.registration_rate = Some(RateLimit {
+            rate: 1.0,
+            burst: 2.0,
+        })
+    });
+    let flood = h.up(1, HOST);
+    let calm = h.up(2, HOST);
+    for id in 1..=5 {
+        h.send(flood, registration("P", id));
+    }
+    let sent = h.sent();
+    let r = responses(&Harness::sent_to(&sent, flood));
+    assert_eq!(r.iter().filter(|r| r.1).count(), 2);
+    assert!(r
+        .iter()
+        .filter(|r| !r.1)
+        .all(|r| r.2 == Some(CauseCode::RejectedSecurity)));
+    assert_eq!(h.r.metrics().rate_limited_by(RateLimited::Registration), 3);
+    h.send(calm, registration("P", 10));
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, calm)),
+        vec![(10, true, None)]
+    );
+    h.advance_to(ms(1000));
+    h.send(flood, registration("P", 3));
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, flood)),
+        vec![(3, true, None)]
+    );
+}
+
+#[test]
+fn associations_per_source_address() {
+    let mut h = Harness::new(Profile::Rsplib, |c| c.max_associations_per_address = 2);
+    let a = h.up(1, HOST);
+    h.up(2, HOST);
+    h.up(3, HOST);
+    let events = h.events();
+    assert!(events.iter().any(|e| matches!(
+        e,
+        RegistrarEvent::AssociationRefused {
+            association: AssociationId(3),
+            limit: "max-associations-per-address",
+            ..
+        }
+    )));
+    assert_eq!(h.r.metrics().associations, 2);
+    assert_eq!(
+        h.r.metrics()
+            .refusals_by(SecurityRefusal::AssociationsPerAddress),
+        1
+    );
+    // Another host is served; the refused association's messages are ignored.
+    let other = h.up(4, "10.255.0.9");
+    h.send(AssociationId(3), deregistration("P", 1));
+    h.send(other, deregistration("P", 2));
+    let sent = h.sent();
+    assert!(Harness::sent_to(&sent, AssociationId(3)).is_empty());
+    assert!(matches!(&Harness::sent_to(&sent, other)[..],
+        [AsapMessage::DeregistrationResponse(d)] if d.error.is_none()));
+    // A refused association going down frees nothing; a served one frees its place.
+    h.r.association_down(h.now, AssociationId(3));
+    h.up(5, HOST);
+    assert_eq!(
+        h.r.metrics().associations,
+        3,
+        "the refused one counted nothing"
+    );
+    h.up(6, HOST);
+    assert_eq!(h.r.metrics().associations, 3);
+    h.r.association_down(h.now, a);
+    h.up(7, HOST);
+    assert_eq!(h.r.metrics().associations, 3);
+}
+
+#[test]
+fn pool_elements_per_association() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.max_pool_elements_per_association = 3;
+        c.registration_rate = None;
+    });
+    let a = h.up(1, HOST);
+    for id in 1..=4 {
+        h.send(a, registration("P", id));
+    }
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, a))[3],
+        (4, false, Some(CauseCode::LackOfResources))
+    );
+    // Re-registrations of the PEs it has are still accepted.
+    h.send(a, registration("P", 2));
+    let sent = h.sent();
+    assert_eq!(
+        responses(&Harness::sent_to(&sent, a)),
+        vec![(2, true, None)]
+    );
+    assert_eq!(
+        h.r.metrics()
+            .refusals_by(SecurityRefusal::PoolElementsPerAssociation),
+        1
+    );
+}
