@@ -184,6 +184,10 @@ pub struct RegistrarConfig {
     /// busy registrar a report per request nobody reads; the driver turns it on when debug logs
     /// are on.
     pub report_resolutions: bool,
+    /// Rules by TLS certificate identity: who may register into which pools, who may peer over
+    /// ENRP, whether pool users without a certificate may resolve. `None` (a registrar without
+    /// TLS) checks nothing.
+    pub access: Option<crate::access::AccessRules>,
     /// Seed of the registrar's random numbers (keep-alive jitter, random policies); `None`
     /// seeds from the operating system. Set it to make a run reproducible.
     pub seed: Option<u64>,
@@ -251,6 +255,7 @@ impl RegistrarConfig {
                 transports: Vec::new(),
             }),
             report_resolutions: true,
+            access: None,
             seed: None,
         }
     }

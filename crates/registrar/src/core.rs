@@ -6,6 +6,7 @@
 //! [`Registrar::poll_transmit`], [`Registrar::poll_event`] and arm a timer for
 //! [`Registrar::poll_timeout`].
 
+use crate::access::AccessRefusal;
 use crate::config::{AddressScope, Profile, RegistrarConfig};
 use crate::encoded_pes::EncodedPes;
 use crate::metrics::{Metrics, RateLimited, RemovalCause, SecurityRefusal};
@@ -18,6 +19,7 @@ use rserpool_handlespace::{
     AssociationId, EntryId, Handlespace, RemovedElement, Selection, TimerKind,
 };
 use rserpool_transport::arena::MessageArena;
+use rserpool_transport::PeerIdentity;
 use rserpool_wire::asap::{self, AsapMessage, HandleResolutionRef};
 use rserpool_wire::{
     CauseCode, Codec, DecodeError, EncodeError, ErrorCause, HandleResolutionOption, Message,
@@ -27,6 +29,7 @@ use rserpool_wire::{
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How an association reaches the registrar; decides what the registrar records as a PE's ASAP
@@ -260,6 +263,18 @@ pub enum RegistrarEvent {
         /// that a flood can be logged sparsely.
         count: u64,
     },
+    /// A request was refused by the identity rules ([`RegistrarConfig::access`]); counted in
+    /// [`Metrics::access_refused_by`].
+    AccessRefused {
+        /// The association it came over.
+        association: AssociationId,
+        /// Who the peer proved to be (`None`: no certificate).
+        identity: Option<Arc<PeerIdentity>>,
+        /// Which rule refused it.
+        refusal: AccessRefusal,
+        /// The pool handle of the request, where it has one.
+        pool_handle: Option<PoolHandle>,
+    },
     /// A message could not be decoded.
     Malformed {
         /// Where it came from.
@@ -283,6 +298,7 @@ pub enum RegistrarEvent {
 #[derive(Debug)]
 struct Association {
     peer: PeerInfo,
+    identity: Option<Arc<PeerIdentity>>,
     handle_resolutions: Option<TokenBucket>,
     unreachable_reports: Option<TokenBucket>,
     registrations: Option<TokenBucket>,
@@ -391,6 +407,19 @@ impl Registrar {
 
     /// An association (SCTP) or connection (TCP) came up.
     pub fn association_up(&mut self, now: Duration, association: AssociationId, peer: PeerInfo) {
+        self.association_up_with_identity(now, association, peer, None)
+    }
+
+    /// An association came up whose peer proved an identity with a TLS certificate (`None`: no
+    /// certificate). The identity rules ([`RegistrarConfig::access`]) apply to it for its whole
+    /// life.
+    pub fn association_up_with_identity(
+        &mut self,
+        now: Duration,
+        association: AssociationId,
+        peer: PeerInfo,
+        identity: Option<Arc<PeerIdentity>>,
+    ) {
         let refused = if self.associations.len() >= self.config.max_associations {
             Some("max-associations")
         } else if peer.addresses.first().is_some_and(|a| {
@@ -419,6 +448,7 @@ impl Registrar {
             association,
             Association {
                 peer: peer.clone(),
+                identity,
                 handle_resolutions: bucket(self.config.handle_resolution_rate),
                 unreachable_reports: bucket(self.config.endpoint_unreachable_rate),
                 registrations: bucket(self.config.registration_rate),
@@ -608,6 +638,38 @@ impl Registrar {
         let _ = self.handlespace.set_timer(entry, kind, deadline);
     }
 
+    /// Checks a request against the identity rules; a refusal is counted and reported, and
+    /// the caller answers it (cause 0xa, "rejected due to security considerations").
+    fn access(
+        &mut self,
+        association: AssociationId,
+        pool_handle: Option<&[u8]>,
+        check: impl FnOnce(
+            &crate::access::AccessRules,
+            Option<&PeerIdentity>,
+        ) -> Result<(), AccessRefusal>,
+    ) -> Result<(), AccessRefusal> {
+        let Some(rules) = &self.config.access else {
+            return Ok(());
+        };
+        let identity = self
+            .associations
+            .get(&association)
+            .and_then(|a| a.identity.clone());
+        let refusal = match check(rules, identity.as_deref()) {
+            Ok(()) => return Ok(()),
+            Err(r) => r,
+        };
+        self.metrics.access_refused(refusal);
+        self.events.push_back(RegistrarEvent::AccessRefused {
+            association,
+            identity,
+            refusal,
+            pool_handle: pool_handle.map(PoolHandle::from),
+        });
+        Err(refusal)
+    }
+
     fn registration(&mut self, now: Duration, association: AssociationId, r: asap::Registration) {
         let limited = self
             .associations
@@ -635,6 +697,14 @@ impl Registrar {
             pool_element: pe,
         } = r;
         let pe_id = pe.id;
+        // RFC 5355 §3.1/§3.2: only identities allowed for the pool register into it.
+        if let Err(refusal) = self.access(association, Some(pool_handle.as_bytes()), |r, i| {
+            r.may_register(i, pool_handle.as_bytes())
+        }) {
+            let cause = ErrorCause::new(CauseCode::RejectedSecurity);
+            self.reject_with(association, pool_handle, pe_id, cause, refusal.to_string());
+            return;
+        }
         let checked = self.associations.get(&association).ok_or_else(|| {
             (
                 ErrorCause::new(CauseCode::InvalidValues),
@@ -874,13 +944,20 @@ impl Registrar {
     }
 
     fn deregistration(&mut self, association: AssociationId, d: asap::Deregistration) {
+        // RFC 5355 §3.3: the identity rule that covers registering into the pool covers
+        // deregistering from it.
+        let mut refused = self
+            .access(association, Some(d.pool_handle.as_bytes()), |r, i| {
+                r.may_register(i, d.pool_handle.as_bytes())
+            })
+            .is_err();
         // RFC 5355 §3.3/§3.4: only the association that registered a PE deregisters it.
         let owner = self
             .handlespace
             .find(&d.pool_handle, d.pe_id)
             .and_then(|e| e.association())
             .filter(|o| *o != association && self.associations.contains_key(o));
-        if let Some(owner) = owner {
+        if let (false, Some(owner)) = (refused, owner) {
             self.refuse_foreign(
                 "deregistration",
                 &d.pool_handle,
@@ -889,6 +966,9 @@ impl Registrar {
                 Some(owner),
                 SecurityRefusal::ForeignDeregistration,
             );
+            refused = true;
+        }
+        if refused {
             self.send(
                 association,
                 &AsapMessage::DeregistrationResponse(asap::DeregistrationResponse {
@@ -920,6 +1000,14 @@ impl Registrar {
         association: AssociationId,
         h: HandleResolutionRef<'_>,
     ) {
+        if self.config.access.is_some()
+            && self
+                .access(association, Some(h.pool_handle), |r, i| r.may_resolve(i))
+                .is_err()
+        {
+            self.refuse_resolution(association, h.pool_handle, CauseCode::RejectedSecurity);
+            return;
+        }
         let limited = self
             .associations
             .get_mut(&association)
@@ -1077,6 +1165,14 @@ impl Registrar {
         association: AssociationId,
         u: asap::EndpointUnreachable,
     ) {
+        if self
+            .access(association, Some(u.pool_handle.as_bytes()), |r, i| {
+                r.may_resolve(i)
+            })
+            .is_err()
+        {
+            return;
+        }
         let limited = self
             .associations
             .get_mut(&association)

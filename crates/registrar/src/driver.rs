@@ -86,6 +86,17 @@ pub struct Running {
     pub announces: Vec<AnnounceSocket>,
     /// The counters, updated after every step.
     pub metrics: Arc<Mutex<Metrics>>,
+    endpoint: EndpointHandle,
+}
+
+impl Running {
+    /// The counters as of now: those of the last step, with the transport's (TLS handshakes)
+    /// read now, since a refused handshake causes no step.
+    pub fn metrics_now(&self) -> Metrics {
+        let mut m = self.metrics.lock().map(|m| m.clone()).unwrap_or_default();
+        m.set_transport(&self.endpoint.stats());
+        m
+    }
 }
 
 /// One announce socket as the kernel has it set up.
@@ -130,6 +141,20 @@ pub async fn run(
     ep_config.accept = true;
     ep_config.tcp.plain_asap_listen = config.plain_tcp_listen.clone();
     ep_config.limits.max_associations = config.core.max_associations + 16;
+    if let Some(tls) = &ep_config.tls {
+        // With TLS, identities are checked: the default rules let any certified identity
+        // register, and nobody without a certificate.
+        let rules = config.core.access.get_or_insert_with(Default::default);
+        tracing::info!(
+            ca = %tls.ca.display(),
+            require_client_certificate = tls.require_client_certificate,
+            registration = ?rules.registration.iter().map(|r| format!("{}={}", r.identity,
+                r.pools.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))).collect::<Vec<_>>(),
+            enrp_peers = ?rules.enrp_peers.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            unauthenticated_resolution = rules.unauthenticated_resolution,
+            "TLS on: identity rules"
+        );
+    }
     let mut endpoint = Endpoint::bind(ep_config).await?;
     let handle = endpoint.handle();
     let kind = endpoint.kind();
@@ -193,7 +218,11 @@ pub async fn run(
                     source,
                 })?;
             let bound = listener.local_addr().ok();
-            tokio::spawn(crate::http::serve(listener, shared_metrics.clone()));
+            tokio::spawn(crate::http::serve(
+                listener,
+                shared_metrics.clone(),
+                handle.clone(),
+            ));
             bound
         }
         None => None,
@@ -233,6 +262,7 @@ pub async fn run(
                 ttl: s.ttl().unwrap_or(0),
             })
             .collect(),
+        endpoint: handle.clone(),
     });
 
     let mut outbox = Outbox::new(config.max_held_answers);
@@ -269,6 +299,7 @@ pub async fn run(
         flush(&mut core, &mut outbox, &handle, &announce_sockets).await;
         if let Ok(mut shared) = shared_metrics.lock() {
             shared.clone_from(core.metrics());
+            shared.set_transport(&handle.stats());
             shared.held_answers = outbox.held() as u64;
             shared.dropped_answers = outbox.dropped();
         }
@@ -284,6 +315,7 @@ fn on_transport_event(core: &mut Registrar, outbox: &mut Outbox, now: Duration, 
             id,
             kind,
             peer_addrs,
+            peer_identity,
             ..
         } => {
             let kind = match kind {
@@ -294,7 +326,7 @@ fn on_transport_event(core: &mut Registrar, outbox: &mut Outbox, now: Duration, 
             let port = peer_addrs.first().map(|a| a.port()).unwrap_or(0);
             let mut addresses: Vec<_> = peer_addrs.iter().map(|a| a.ip()).collect();
             addresses.dedup();
-            core.association_up(
+            core.association_up_with_identity(
                 now,
                 AssociationId(id.0),
                 PeerInfo {
@@ -302,6 +334,7 @@ fn on_transport_event(core: &mut Registrar, outbox: &mut Outbox, now: Duration, 
                     addresses,
                     port,
                 },
+                peer_identity,
             );
         }
         Event::Message { id, ppid, data, .. } => {
@@ -452,6 +485,24 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             } else {
                 tracing::trace!(association = association.0, request = ?what, refused = count, "rate limited")
             }
+        }
+        RegistrarEvent::AccessRefused {
+            association,
+            identity,
+            refusal,
+            pool_handle,
+        } => {
+            let peer = handle
+                .association(rserpool_transport::AssociationId(association.0))
+                .and_then(|a| a.peer_addrs.first().copied());
+            tracing::warn!(
+                association = association.0,
+                peer = ?peer,
+                identity = identity.as_deref().map_or_else(|| "none (no certificate)".to_string(), ToString::to_string),
+                pool = ?pool_handle.as_ref().map(ToString::to_string),
+                reason = refusal.label(),
+                "refused: {refusal}"
+            )
         }
         RegistrarEvent::Malformed {
             association,

@@ -10,12 +10,17 @@ use tokio::net::TcpListener;
 const MAX_REQUEST: usize = 8192;
 
 /// Serves the metrics, rendered at each request, until the task is dropped.
-pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Mutex<Metrics>>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Mutex<Metrics>>,
+    transport: rserpool_transport::EndpointHandle,
+) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
         };
         let metrics = metrics.clone();
+        let transport = transport.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; MAX_REQUEST];
             let mut len = 0;
@@ -48,7 +53,13 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Mutex<Metrics>>) {
                     "text/plain; version=0.0.4",
                     metrics
                         .lock()
-                        .map(|m| m.render_prometheus())
+                        .map(|m| {
+                            // The transport's counters (TLS handshakes) as of now: a refused
+                            // handshake wakes no registrar event that would copy them.
+                            let mut m = m.clone();
+                            m.set_transport(&transport.stats());
+                            m.render_prometheus()
+                        })
                         .unwrap_or_default(),
                 ),
                 ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),

@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+pub mod access;
 mod config;
 mod core;
 pub mod driver;
@@ -13,6 +14,7 @@ mod outbox;
 mod rate;
 mod security;
 
+pub use crate::access::{AccessRefusal, AccessRules};
 pub use crate::config::{AddressScope, AnnounceConfig, Profile, RateLimit, RegistrarConfig};
 pub use crate::core::{
     AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent, Transmit,

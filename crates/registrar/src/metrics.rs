@@ -3,6 +3,7 @@
 //! Each fact is its own counter: a registration is not a keep-alive answer, a handle resolution
 //! that selected PEs says nothing about whether a PU reached them.
 
+use crate::access::AccessRefusal;
 use std::fmt::Write;
 
 /// Why a PE left the handlespace.
@@ -180,6 +181,16 @@ pub struct Metrics {
     pub held_answers: u64,
     /// Answers dropped because an association had too many waiting (kept by the driver).
     pub dropped_answers: u64,
+    /// Requests refused by the identity rules, by refusal (see [`AccessRefusal::ALL`] for the
+    /// order).
+    pub access_refusals: [u64; 5],
+    /// TLS handshakes completed (kept by the driver from the transport).
+    pub tls_handshakes: u64,
+    /// TLS handshakes that failed: missing, untrusted or invalid certificate, protocol error
+    /// (kept by the driver from the transport).
+    pub tls_handshake_failures: u64,
+    /// TLS handshakes that did not finish within the handshake timeout (kept by the driver).
+    pub tls_handshake_timeouts: u64,
 }
 
 impl Metrics {
@@ -202,6 +213,22 @@ impl Metrics {
     /// Refusals for the given reason so far.
     pub fn refusals_by(&self, why: SecurityRefusal) -> u64 {
         self.security_refusals[why as usize]
+    }
+
+    /// Takes the transport's TLS counters.
+    pub(crate) fn set_transport(&mut self, s: &rserpool_transport::EndpointStats) {
+        self.tls_handshakes = s.tls_handshakes;
+        self.tls_handshake_failures = s.tls_handshake_failures;
+        self.tls_handshake_timeouts = s.tls_handshake_timeouts;
+    }
+
+    pub(crate) fn access_refused(&mut self, refusal: AccessRefusal) {
+        self.access_refusals[refusal as usize] += 1;
+    }
+
+    /// Requests refused by the identity rules for the given reason so far.
+    pub fn access_refused_by(&self, refusal: AccessRefusal) -> u64 {
+        self.access_refusals[refusal as usize]
     }
 
     /// Removals with the given cause so far.
@@ -313,6 +340,37 @@ impl Metrics {
             "Answers dropped because too many waited for room in the transport.",
             self.dropped_answers,
         );
+        counter(
+            "tls_handshakes_total",
+            "TLS handshakes completed.",
+            self.tls_handshakes,
+        );
+        counter(
+            "tls_handshake_failures_total",
+            "TLS handshakes that failed (missing, untrusted or invalid certificate, protocol error).",
+            self.tls_handshake_failures,
+        );
+        counter(
+            "tls_handshake_timeouts_total",
+            "TLS handshakes that did not finish within the handshake timeout.",
+            self.tls_handshake_timeouts,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP rserpool_registrar_access_refused_total Requests refused by the TLS identity rules, by reason."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE rserpool_registrar_access_refused_total counter"
+        );
+        for refusal in AccessRefusal::ALL {
+            let _ = writeln!(
+                out,
+                "rserpool_registrar_access_refused_total{{reason=\"{}\"}} {}",
+                refusal.label(),
+                self.access_refused_by(refusal)
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP rserpool_registrar_registration_rejects_total Registrations refused, by error cause."

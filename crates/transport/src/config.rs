@@ -164,6 +164,10 @@ pub struct EndpointConfig {
     pub sctp: SctpConfig,
     /// TCP mapping settings, including the plain-TCP ASAP listeners.
     pub tcp: TcpConfig,
+    /// TLS for every TCP association (mapped and plain ASAP, inbound and outbound); `None`
+    /// for none. With TLS, [`TransportChoice::Auto`] picks the TCP mapping and
+    /// [`TransportChoice::Sctp`] is refused ([`TlsError::OverSctp`](crate::TlsError)).
+    pub tls: Option<crate::TlsSettings>,
 }
 
 impl EndpointConfig {
@@ -176,6 +180,7 @@ impl EndpointConfig {
             limits: Limits::default(),
             sctp: SctpConfig::default(),
             tcp: TcpConfig::default(),
+            tls: None,
         }
     }
 
@@ -230,6 +235,18 @@ impl EndpointConfig {
                     "TCP keep-alive timeout ({:?}) must exceed the interval ({:?}) and both be > 0",
                     self.tcp.keepalive_timeout, i
                 )));
+            }
+        }
+        if let Some(t) = &self.tls {
+            if t.handshake_timeout.is_zero() {
+                return Err(Config("TLS handshake timeout must be > 0".into()));
+            }
+            if self.transport == TransportChoice::Sctp {
+                return Err(crate::TlsError::OverSctp.into());
+            }
+            let listens = self.accept || !self.tcp.plain_asap_listen.is_empty();
+            if listens && (t.certificate_chain.is_none() || t.private_key.is_none()) {
+                return Err(crate::TlsError::ListenerWithoutCertificate.into());
             }
         }
         Ok(())

@@ -4,6 +4,7 @@ use crate::config::{EndpointConfig, TransportChoice};
 use crate::error::{SendError, TransportError};
 use crate::stats::{Counters, EndpointStats};
 use crate::tcp::frame::FrameError;
+use crate::tls::{PeerIdentity, TlsContext};
 use crate::{sctp, tcp};
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
@@ -97,6 +98,10 @@ pub enum DownReason {
     Refused,
     /// A system call failed; the text is the system's reason.
     Io(String),
+    /// TLS failed: the handshake of an outbound association (untrusted or wrong certificate,
+    /// timeout), or a TLS alert or record error later (e.g. the server refusing this client's
+    /// certificate, which TLS 1.3 reports after the client's side of the handshake is done).
+    Tls(String),
 }
 
 impl fmt::Display for DownReason {
@@ -113,6 +118,7 @@ impl fmt::Display for DownReason {
             DownReason::LocalAbort => f.write_str("aborted locally"),
             DownReason::Refused => f.write_str("refused (association limit)"),
             DownReason::Io(e) => write!(f, "I/O error: {e}"),
+            DownReason::Tls(e) => write!(f, "TLS: {e}"),
         }
     }
 }
@@ -168,6 +174,10 @@ pub enum Event {
         inbound: bool,
         /// Streams usable for sending: 0..outbound_streams (65 535 for TCP, 1 for plain TCP).
         outbound_streams: u16,
+        /// Who the peer proved to be with its TLS certificate; `None` without TLS or when a
+        /// client connected without a certificate (allowed unless
+        /// [`TlsSettings::require_client_certificate`](crate::TlsSettings)).
+        peer_identity: Option<Arc<PeerIdentity>>,
     },
     /// A whole message arrived.
     Message {
@@ -220,6 +230,8 @@ pub struct AssociationInfo {
     pub local_addrs: Vec<SocketAddr>,
     /// Peer addresses (asked from the kernel for SCTP).
     pub peer_addrs: Vec<SocketAddr>,
+    /// The peer's TLS certificate identity, if it presented one.
+    pub peer_identity: Option<Arc<PeerIdentity>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +257,7 @@ pub(crate) struct Assoc {
     pub peer_addrs: Vec<SocketAddr>,
     pub outbound_streams: u16,
     pub backend: Backend,
+    pub peer_identity: Option<Arc<PeerIdentity>>,
 }
 
 pub(crate) struct Shared {
@@ -258,6 +271,7 @@ pub(crate) struct Shared {
     pub closed: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     pub sctp: std::sync::OnceLock<Arc<sctp::SctpSocket>>,
+    pub tls: Option<TlsContext>,
 }
 
 impl Shared {
@@ -299,6 +313,7 @@ impl Shared {
         local_addrs: Vec<SocketAddr>,
         peer_addrs: Vec<SocketAddr>,
         outbound_streams: u16,
+        peer_identity: Option<Arc<PeerIdentity>>,
     ) {
         let ev = {
             let mut m = self.assocs();
@@ -309,6 +324,7 @@ impl Shared {
             a.local_addrs = local_addrs.clone();
             a.peer_addrs = peer_addrs.clone();
             a.outbound_streams = outbound_streams;
+            a.peer_identity = peer_identity.clone();
             Event::AssociationUp {
                 id,
                 kind: a.kind,
@@ -316,6 +332,7 @@ impl Shared {
                 peer_addrs,
                 inbound: a.inbound,
                 outbound_streams,
+                peer_identity,
             }
         };
         Counters::add(&self.counters.associations_up, 1);
@@ -337,6 +354,12 @@ impl Shared {
         tracing::debug!(%id, %reason, "association down");
         self.emit(Event::AssociationDown { id, reason }).await;
         Some(a)
+    }
+
+    /// Removes an association that was never reported up (an inbound TLS handshake that
+    /// failed): no event, its id was never seen.
+    pub fn forget(&self, id: AssociationId) {
+        self.assocs().remove(&id);
     }
 
     pub fn state(&self, id: AssociationId) -> Option<AssocState> {
@@ -475,8 +498,12 @@ impl fmt::Debug for Endpoint {
 }
 
 /// Decides the transport for `choice`: the kind and the reason, for the log line.
-fn choose(choice: TransportChoice) -> Result<(TransportKind, String), TransportError> {
+fn choose(choice: TransportChoice, tls: bool) -> Result<(TransportKind, String), TransportError> {
     match choice {
+        TransportChoice::Auto if tls => Ok((
+            TransportKind::Tcp,
+            "auto: TLS is configured, and TLS runs on the TCP mapping only".into(),
+        )),
         TransportChoice::Tcp => Ok((TransportKind::Tcp, "configured".into())),
         TransportChoice::Sctp => match sctp::probe() {
             Ok(()) => Ok((TransportKind::Sctp, "configured".into())),
@@ -497,7 +524,8 @@ impl Endpoint {
     /// [`EndpointConfig::accept`], opens the plain-TCP ASAP listeners.
     pub async fn bind(config: EndpointConfig) -> Result<Endpoint, TransportError> {
         config.validate()?;
-        let (kind, why) = choose(config.transport)?;
+        let (kind, why) = choose(config.transport, config.tls.is_some())?;
+        let tls = config.tls.as_ref().map(|t| t.load()).transpose()?;
         tracing::info!(transport = %kind, reason = %why, "transport chosen");
         let (tx, rx) = mpsc::channel(config.limits.event_queue);
         let shared = Arc::new(Shared {
@@ -510,6 +538,7 @@ impl Endpoint {
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
             sctp: std::sync::OnceLock::new(),
+            tls,
         });
         let local_addrs = match kind {
             TransportKind::Sctp => sctp::start(&shared)?,
@@ -725,6 +754,7 @@ impl EndpointHandle {
                     inbound: a.inbound,
                     local_addrs: a.local_addrs.clone(),
                     peer_addrs: a.peer_addrs.clone(),
+                    peer_identity: a.peer_identity.clone(),
                 },
                 kid,
             )

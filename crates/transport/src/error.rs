@@ -47,6 +47,9 @@ pub enum TransportError {
     /// Sending failed.
     #[error(transparent)]
     Send(#[from] SendError),
+    /// The TLS settings cannot be used (a file, a key, TLS over SCTP).
+    #[error(transparent)]
+    Tls(#[from] crate::TlsError),
 }
 
 impl TransportError {

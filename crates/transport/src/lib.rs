@@ -55,6 +55,7 @@ pub mod multicast;
 mod sctp;
 mod stats;
 pub mod tcp;
+pub mod tls;
 
 pub use config::{
     EndpointConfig, Limits, SctpConfig, TcpConfig, TransportChoice, DEFAULT_MAX_MESSAGE_SIZE,
@@ -65,6 +66,7 @@ pub use endpoint::{
 };
 pub use error::{SendError, TransportError};
 pub use stats::EndpointStats;
+pub use tls::{PeerIdentity, TlsError, TlsSettings};
 
 /// Whether the running kernel offers SCTP sockets, and if not, why not.
 ///

@@ -28,6 +28,13 @@ pub struct EndpointStats {
     pub protocol_errors: u64,
     /// Associations lost because the peer stopped answering (keep-alive or retransmission limit).
     pub timeouts: u64,
+    /// TLS handshakes completed (inbound and outbound).
+    pub tls_handshakes: u64,
+    /// TLS handshakes that failed: bad, untrusted or missing certificate, wrong server name,
+    /// protocol error, peer closed (timeouts not included).
+    pub tls_handshake_failures: u64,
+    /// TLS handshakes that did not finish within the handshake timeout.
+    pub tls_handshake_timeouts: u64,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +49,9 @@ pub(crate) struct Counters {
     pub send_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub timeouts: AtomicU64,
+    pub tls_handshakes: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
+    pub tls_handshake_timeouts: AtomicU64,
 }
 
 impl Counters {
@@ -61,6 +71,9 @@ impl Counters {
             send_failures: self.send_failures.load(Relaxed),
             protocol_errors: self.protocol_errors.load(Relaxed),
             timeouts: self.timeouts.load(Relaxed),
+            tls_handshakes: self.tls_handshakes.load(Relaxed),
+            tls_handshake_failures: self.tls_handshake_failures.load(Relaxed),
+            tls_handshake_timeouts: self.tls_handshake_timeouts.load(Relaxed),
         }
     }
 }

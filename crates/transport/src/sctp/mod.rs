@@ -260,6 +260,7 @@ mod linux {
             }
         })?;
         let assoc = Assoc {
+            peer_identity: None,
             kind: AssociationKind::Sctp,
             state: AssocState::Connecting,
             inbound: false,
@@ -608,6 +609,7 @@ mod linux {
                 None => {
                     let id = self.shared.alloc_id();
                     let assoc = Assoc {
+                        peer_identity: None,
                         kind: AssociationKind::Sctp,
                         state: AssocState::Connecting,
                         inbound: true,
@@ -630,7 +632,9 @@ mod linux {
                     id
                 }
             };
-            self.shared.up(id, local, peer, outbound_streams).await;
+            self.shared
+                .up(id, local, peer, outbound_streams, None)
+                .await;
         }
     }
 }

@@ -13,13 +13,14 @@ use crate::endpoint::{
 };
 use crate::error::{SendError, TransportError};
 use crate::stats::Counters;
+use crate::tls::{identity_of, PeerIdentity, TlsContext};
 use bytes::{Bytes, BytesMut};
 use frame::{AsapLengthDecoder, FrameDecoder, FrameError, FrameType};
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::{timeout, Instant};
@@ -169,6 +170,7 @@ async fn accept_loop(shared: Arc<Shared>, l: TcpListener, framing: Framing) {
             peer_addrs: vec![peer],
             outbound_streams: out_streams(framing),
             backend: Backend::Tcp(handle.clone()),
+            peer_identity: None,
         };
         if shared.insert(id, assoc).is_err() {
             Counters::add(&shared.counters.refused, 1);
@@ -179,7 +181,103 @@ async fn accept_loop(shared: Arc<Shared>, l: TcpListener, framing: Framing) {
             continue;
         }
         let sh = shared.clone();
-        shared.spawn(run_conn(sh, id, stream, framing, rx, handle.abort));
+        shared.spawn(run_inbound(sh, id, stream, peer, framing, rx, handle.abort));
+    }
+}
+
+/// Runs an accepted connection: the TLS handshake first where TLS is configured (in this
+/// connection's task, bounded by the handshake timeout, so a slow or hostile peer holds up no
+/// other), then the association.
+async fn run_inbound(
+    shared: Arc<Shared>,
+    id: AssociationId,
+    stream: TcpStream,
+    peer: SocketAddr,
+    framing: Framing,
+    rx: mpsc::Receiver<Cmd>,
+    abort: Arc<Notify>,
+) {
+    let Some(tls) = shared.tls.clone() else {
+        return run_conn(shared, id, stream, framing, rx, abort, None).await;
+    };
+    let Some(acceptor) = tls.acceptor.clone() else {
+        // Endpoint::bind refuses a TLS listener without a certificate; nothing to serve.
+        shared.forget(id);
+        return;
+    };
+    let handshake = timeout(tls.handshake_timeout, acceptor.accept(stream));
+    let result = tokio::select! {
+        r = handshake => r,
+        _ = abort.notified() => {
+            shared.forget(id);
+            return;
+        }
+    };
+    match result {
+        Ok(Ok(s)) => {
+            Counters::add(&shared.counters.tls_handshakes, 1);
+            let identity = identity_of(s.get_ref().1.peer_certificates());
+            tracing::debug!(%id, %peer, identity = ?identity.as_deref().map(ToString::to_string),
+                "TLS handshake done (inbound)");
+            run_conn(shared, id, s, framing, rx, abort, identity).await
+        }
+        Ok(Err(e)) => {
+            Counters::add(&shared.counters.tls_handshake_failures, 1);
+            let reason = crate::tls::tls_reason(&e).unwrap_or_else(|| e.to_string());
+            tracing::warn!(%peer, %reason, "TLS handshake failed (inbound): connection dropped");
+            shared.forget(id);
+        }
+        Err(_) => {
+            Counters::add(&shared.counters.tls_handshake_timeouts, 1);
+            tracing::warn!(%peer, timeout = ?tls.handshake_timeout,
+                "TLS handshake timed out (inbound): connection dropped");
+            shared.forget(id);
+        }
+    }
+}
+
+/// The client side of the TLS handshake on an established TCP connection; counts and logs the
+/// outcome. The server's name is the configured one, else the address connected to.
+async fn tls_connect(
+    shared: &Shared,
+    tls: &TlsContext,
+    stream: TcpStream,
+) -> Result<
+    (
+        tokio_rustls::client::TlsStream<TcpStream>,
+        Option<Arc<PeerIdentity>>,
+    ),
+    String,
+> {
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| format!("TLS: no peer address: {e}"))?;
+    let name = tls
+        .server_name
+        .clone()
+        .unwrap_or_else(|| rustls::pki_types::ServerName::IpAddress(peer.ip().into()));
+    match timeout(tls.handshake_timeout, tls.connector.connect(name, stream)).await {
+        Ok(Ok(s)) => {
+            Counters::add(&shared.counters.tls_handshakes, 1);
+            let identity = identity_of(s.get_ref().1.peer_certificates());
+            tracing::debug!(%peer, identity = ?identity.as_deref().map(ToString::to_string),
+                "TLS handshake done (outbound)");
+            Ok((s, identity))
+        }
+        Ok(Err(e)) => {
+            Counters::add(&shared.counters.tls_handshake_failures, 1);
+            let reason = crate::tls::tls_reason(&e).unwrap_or_else(|| e.to_string());
+            tracing::warn!(%peer, %reason, "TLS handshake failed (outbound)");
+            Err(format!("handshake with {peer} failed: {reason}"))
+        }
+        Err(_) => {
+            Counters::add(&shared.counters.tls_handshake_timeouts, 1);
+            tracing::warn!(%peer, timeout = ?tls.handshake_timeout, "TLS handshake timed out (outbound)");
+            Err(format!(
+                "handshake with {peer} timed out after {:?}",
+                tls.handshake_timeout
+            ))
+        }
     }
 }
 
@@ -216,6 +314,7 @@ pub(crate) fn connect(
         peer_addrs: addrs.to_vec(),
         outbound_streams: u16::MAX,
         backend: Backend::Tcp(handle.clone()),
+        peer_identity: None,
     };
     shared
         .insert(id, assoc)
@@ -228,12 +327,25 @@ pub(crate) fn connect(
             r = connect_any(&sh, &addrs) => r,
             _ = abort.notified() => Err("aborted locally".to_string()),
         };
+        let attempt = match (attempt, sh.tls.clone()) {
+            (Ok(stream), Some(tls)) => tokio::select! {
+                r = tls_connect(&sh, &tls, stream) => r.map(Ok).map_err(DownReason::Tls),
+                _ = abort.notified() => Err(DownReason::LocalAbort),
+            },
+            (Ok(stream), None) => Ok(Err(stream)),
+            (Err(e), _) => Err(DownReason::ConnectFailed(e)),
+        };
         match attempt {
-            Ok(stream) => run_conn(sh, id, stream, Framing::Mapped, rx, handle.abort).await,
+            Ok(Err(stream)) => {
+                run_conn(sh, id, stream, Framing::Mapped, rx, handle.abort, None).await
+            }
+            Ok(Ok((stream, identity))) => {
+                run_conn(sh, id, stream, Framing::Mapped, rx, handle.abort, identity).await
+            }
             Err(e) => {
                 let reason = match sh.state(id) {
                     Some(AssocState::Aborting) => DownReason::LocalAbort,
-                    _ => DownReason::ConnectFailed(e),
+                    _ => e,
                 };
                 sh.down(id, reason).await;
                 drain_unsent(&sh, id, rx).await;
@@ -290,10 +402,15 @@ async fn drain_unsent(shared: &Shared, id: AssociationId, mut rx: mpsc::Receiver
 }
 
 fn io_reason(e: &io::Error) -> DownReason {
+    if let Some(reason) = crate::tls::tls_reason(e) {
+        return DownReason::Tls(reason);
+    }
     match e.kind() {
         io::ErrorKind::ConnectionReset
         | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::BrokenPipe => DownReason::PeerAborted,
+        | io::ErrorKind::BrokenPipe
+        // TLS: the peer closed the TCP connection without a close_notify.
+        | io::ErrorKind::UnexpectedEof => DownReason::PeerAborted,
         io::ErrorKind::TimedOut => DownReason::KeepAliveTimeout,
         _ => DownReason::Io(e.to_string()),
     }
@@ -304,30 +421,99 @@ enum Decoder {
     Plain(AsapLengthDecoder),
 }
 
+/// A byte stream an association runs on: a TCP connection, or TLS over one.
+trait Conn: AsyncRead + AsyncWrite + Unpin + Send {
+    /// The TCP connection underneath (addresses, socket options).
+    fn tcp(&self) -> &TcpStream;
+    /// Halves that read and write concurrently.
+    fn halves(
+        &mut self,
+    ) -> (
+        impl AsyncRead + Unpin + Send + '_,
+        impl AsyncWrite + Unpin + Send + '_,
+    );
+}
+
+impl Conn for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+
+    fn halves(
+        &mut self,
+    ) -> (
+        impl AsyncRead + Unpin + Send + '_,
+        impl AsyncWrite + Unpin + Send + '_,
+    ) {
+        self.split()
+    }
+}
+
+impl Conn for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+
+    fn halves(
+        &mut self,
+    ) -> (
+        impl AsyncRead + Unpin + Send + '_,
+        impl AsyncWrite + Unpin + Send + '_,
+    ) {
+        tokio::io::split(self)
+    }
+}
+
+impl Conn for tokio_rustls::client::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+
+    fn halves(
+        &mut self,
+    ) -> (
+        impl AsyncRead + Unpin + Send + '_,
+        impl AsyncWrite + Unpin + Send + '_,
+    ) {
+        tokio::io::split(self)
+    }
+}
+
 /// Runs one established connection until it ends, then reports it down.
 async fn run_conn(
     shared: Arc<Shared>,
     id: AssociationId,
-    mut stream: TcpStream,
+    mut stream: impl Conn,
     framing: Framing,
     mut rx: mpsc::Receiver<Cmd>,
     abort: Arc<Notify>,
+    peer_identity: Option<Arc<PeerIdentity>>,
 ) {
     let cfg = &shared.config;
-    let _ = stream.set_nodelay(cfg.tcp.nodelay);
+    let _ = stream.tcp().set_nodelay(cfg.tcp.nodelay);
     if framing == Framing::PlainAsap {
         // Plain ASAP has no keep-alive of its own: let the kernel probe idle connections.
         if let Some(i) = cfg.tcp.keepalive_interval {
             let ka = socket2::TcpKeepalive::new().with_time(i).with_interval(i);
-            let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&ka);
+            let _ = socket2::SockRef::from(stream.tcp()).set_tcp_keepalive(&ka);
         }
     }
-    let local = stream.local_addr().map(|a| vec![a]).unwrap_or_default();
-    let peer = stream.peer_addr().map(|a| vec![a]).unwrap_or_default();
-    shared.up(id, local, peer, out_streams(framing)).await;
+    let local = stream
+        .tcp()
+        .local_addr()
+        .map(|a| vec![a])
+        .unwrap_or_default();
+    let peer = stream
+        .tcp()
+        .peer_addr()
+        .map(|a| vec![a])
+        .unwrap_or_default();
+    shared
+        .up(id, local, peer, out_streams(framing), peer_identity)
+        .await;
 
     let reason = {
-        let (rd, wr) = stream.split();
+        let (rd, wr) = stream.halves();
         let (ka_tx, ka_rx) = mpsc::channel::<Bytes>(4);
         tokio::select! {
             r = read_side(&shared, id, rd, framing, ka_tx) => r,
@@ -356,7 +542,7 @@ async fn run_conn(
         DownReason::LocalAbort | DownReason::Protocol(_) | DownReason::KeepAliveTimeout
     ) {
         // Reset rather than close: the peer learns at once, nothing more is delivered.
-        let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+        let _ = socket2::SockRef::from(stream.tcp()).set_linger(Some(Duration::ZERO));
     }
     drop(stream);
     if let DownReason::Protocol(e) = &reason {
@@ -369,7 +555,7 @@ async fn run_conn(
 async fn read_side(
     shared: &Shared,
     id: AssociationId,
-    mut rd: tokio::net::tcp::ReadHalf<'_>,
+    mut rd: impl AsyncRead + Unpin,
     framing: Framing,
     ka_tx: mpsc::Sender<Bytes>,
 ) -> DownReason {
@@ -462,7 +648,7 @@ async fn read_side(
 
 async fn write_side(
     shared: &Shared,
-    mut wr: tokio::net::tcp::WriteHalf<'_>,
+    mut wr: impl AsyncWrite + Unpin,
     framing: Framing,
     rx: &mut mpsc::Receiver<Cmd>,
     mut ka_rx: mpsc::Receiver<Bytes>,
