@@ -25,8 +25,14 @@ use rserpool_wire::{
 };
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
+
+// The hooks ENRP (crate::enrp) drives the handlespace through: a child module, so that it
+// reaches the core's state without widening it.
+#[path = "enrp/asap_hooks.rs"]
+mod enrp_hooks;
+pub use enrp_hooks::{LearnRefused, OwnChange};
 
 /// How an association reaches the registrar; decides what the registrar records as a PE's ASAP
 /// transport.
@@ -59,6 +65,9 @@ pub enum Destination {
     Association(AssociationId),
     /// To the announce multicast group (ASAP_SERVER_ANNOUNCE).
     Announce,
+    /// To a PE's ASAP transport address, over a new association if none exists (the H=1
+    /// ENDPOINT_KEEP_ALIVE after an ENRP takeover, RFC 5353 §3.5.2).
+    Address(SocketAddr),
 }
 
 /// A message to send.
@@ -236,6 +245,9 @@ pub struct Registrar {
     /// Reused by handle resolutions that are not reported.
     selection: Selection,
     encoded_pes: EncodedPes,
+    /// Changes to the PEs this registrar is home for, kept for ENRP HANDLE_UPDATEs once
+    /// [`Registrar::enable_handle_updates`] was called.
+    own_changes: Option<VecDeque<OwnChange>>,
 }
 
 impl Registrar {
@@ -264,6 +276,7 @@ impl Registrar {
             enrp_peers: 0,
             selection: Selection::default(),
             encoded_pes: EncodedPes::default(),
+            own_changes: None,
             config,
         }
     }
@@ -577,6 +590,7 @@ impl Registrar {
                         error: None,
                     }),
                 );
+                self.record_added(&pool_handle, &pe);
                 self.events.push_back(RegistrarEvent::Registered {
                     pool_handle,
                     element: pe,
@@ -841,7 +855,8 @@ impl Registrar {
         let Some(pe) = self.handlespace.get(entry) else {
             return;
         };
-        if pe.association() != Some(association) {
+        let (other, timer) = (pe.association() != Some(association), pe.timer());
+        if other && !self.adopt_association(entry, association) {
             self.events.push_back(RegistrarEvent::Ignored {
                 association,
                 message: "ASAP_ENDPOINT_KEEP_ALIVE_ACK",
@@ -849,7 +864,7 @@ impl Registrar {
             });
             return;
         }
-        if !matches!(pe.timer(), Some(t) if t.kind == TimerKind::KeepAliveTimeout) {
+        if !matches!(timer, Some(t) if t.kind == TimerKind::KeepAliveTimeout) {
             return;
         }
         self.metrics.keep_alives_acked += 1;
@@ -939,6 +954,7 @@ impl Registrar {
 
     fn removed(&mut self, pool_handle: PoolHandle, removed: RemovedElement, cause: RemovalCause) {
         self.encoded_pes.forget(removed.entry);
+        self.record_removed(&pool_handle, &removed);
         self.metrics.removal(cause);
         self.events.push_back(RegistrarEvent::Removed {
             pool_handle,

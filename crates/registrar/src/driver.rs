@@ -286,6 +286,7 @@ async fn flush(
     while let Some(t) = core.poll_transmit() {
         match t.destination {
             Destination::Association(a) => outbox.push(a, t.ppid, t.bytes),
+            Destination::Address(_) => {}
             Destination::Announce => {
                 if let Some(s) = announce {
                     if let Err(e) = s.send(&t.bytes).await {
