@@ -110,6 +110,8 @@ pub struct Metrics {
     pub held_answers: u64,
     /// Answers dropped because an association had too many waiting (kept by the driver).
     pub dropped_answers: u64,
+    /// ENRP counters and peer status, when ENRP runs (kept by the driver).
+    pub enrp: Option<crate::enrp::EnrpMetrics>,
 }
 
 impl Metrics {
@@ -278,6 +280,9 @@ impl Metrics {
             let _ = writeln!(out, "# HELP rserpool_registrar_{name} {help}");
             let _ = writeln!(out, "# TYPE rserpool_registrar_{name} gauge");
             let _ = writeln!(out, "rserpool_registrar_{name} {value}");
+        }
+        if let Some(enrp) = &self.enrp {
+            enrp.render_prometheus(&mut out);
         }
         out
     }
