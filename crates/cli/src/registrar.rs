@@ -628,4 +628,67 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["registrar", "--identifier", "0xZZ"]).is_err());
     }
+
+    #[test]
+    fn enrp_settings_from_file_and_flags() {
+        let c = parse(&[]).into_config().unwrap();
+        assert!(c.enrp.is_none(), "no ENRP without --enrp");
+        let c = with_file(
+            "enrp = [\"127.0.0.1:9901\"]\npeers = [\"127.0.0.1:9911\", \"10.0.0.2\"]\npeer-heartbeat-cycle = \"2.444s\"\npeer-max-time-last-heard = \"7s\"\nmax-elements-per-ht-request = 64\nsupport-takeover-suggestion = true\n",
+            &["--peer-max-time-no-response", "1500"],
+        )
+        .unwrap();
+        let e = c.enrp.expect("ENRP on");
+        assert_eq!(
+            e.listen,
+            vec!["127.0.0.1:9901".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(
+            e.core.static_peers,
+            vec![
+                vec!["127.0.0.1:9911".parse::<SocketAddr>().unwrap()],
+                vec!["10.0.0.2:9901".parse::<SocketAddr>().unwrap()]
+            ]
+        );
+        assert_eq!(e.core.peer_heartbeat_cycle, Duration::from_millis(2444));
+        assert_eq!(e.core.max_time_last_heard, Duration::from_secs(7));
+        assert_eq!(e.core.max_time_no_response, Duration::from_millis(1500));
+        assert_eq!(e.core.max_elements_per_handle_table_response, 64);
+        assert!(e.core.takeover_suggestion);
+        // Bound to loopback: the multicast PRESENCE stays on the loopback interface.
+        assert_eq!(e.announce, Some("239.0.0.51:9901".parse().unwrap()));
+        assert_eq!(e.announce_interface, Some(std::net::Ipv4Addr::LOCALHOST));
+        let c = parse(&[
+            "--enrp",
+            "0.0.0.0:9901",
+            "--profile",
+            "rfc",
+            "--enrp-announce",
+            "off",
+        ])
+        .into_config()
+        .unwrap();
+        let e = c.enrp.unwrap();
+        assert_eq!(e.announce, None);
+        assert_eq!(e.core.peer_heartbeat_cycle, Duration::from_secs(30));
+        assert_eq!(e.core.max_time_last_heard, Duration::from_secs(61));
+        let err = |r: Result<DriverConfig>| format!("{:#}", r.unwrap_err());
+        assert!(err(parse(&["--peer", "127.0.0.1"]).into_config()).contains("--enrp"));
+        assert!(err(
+            parse(&["--enrp", "127.0.0.1:1", "--peer-heartbeat-cycle", "soon"]).into_config()
+        )
+        .contains("peer-heartbeat-cycle"));
+        assert!(
+            err(parse(&["--enrp", "127.0.0.1:1", "--peer", "nowhere"]).into_config())
+                .contains("peer")
+        );
+        assert!(err(parse(&[
+            "--enrp",
+            "127.0.0.1:1",
+            "--max-elements-per-ht-request",
+            "0"
+        ])
+        .into_config())
+        .contains("max-elements-per-ht-request"));
+    }
 }

@@ -36,6 +36,10 @@ fn between<'a>(s: &'a str, from: &str, to: &str) -> &'a str {
 }
 
 fn start(id: u32, peer: Option<SocketAddr>) -> Registrar {
+    start_with(id, peer, &[])
+}
+
+fn start_with(id: u32, peer: Option<SocketAddr>, extra: &[&str]) -> Registrar {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rserpool"));
     cmd.args([
         "registrar",
@@ -69,9 +73,13 @@ fn start(id: u32, peer: Option<SocketAddr>) -> Registrar {
     if let Some(p) = peer {
         cmd.args(["--peer", &p.to_string()]);
     }
+    cmd.args(extra);
     let mut child = cmd
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(match std::env::var("ENRP_TEST_LOG_DIR") {
+            Ok(d) => Stdio::from(std::fs::File::create(format!("{d}/{id:x}.log")).unwrap()),
+            Err(_) => Stdio::null(),
+        })
         .spawn()
         .expect("rserpool runs");
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -122,6 +130,27 @@ fn metric(r: &Registrar, name: &str) -> u64 {
 fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + deadline;
     while !f() {
+        if Instant::now() >= end {
+            if let Ok(s) = std::env::var("ENRP_TEST_METRICS") {
+                for m in s.split(',') {
+                    if let Ok(mut c) = TcpStream::connect(m) {
+                        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
+                        let mut body = String::new();
+                        let _ = c.read_to_string(&mut body);
+                        eprintln!(
+                            "{m}: {}",
+                            body.lines()
+                                .filter(|l| !l.starts_with('#')
+                                    && (l.contains("pool_elements")
+                                        || l.contains("regist")
+                                        || l.contains("enrp_peer")))
+                                .collect::<Vec<_>>()
+                                .join("\n")
+                        );
+                    }
+                }
+            }
+        }
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -163,7 +192,7 @@ fn serve_pe(
                 }
                 let ack = AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
                     pool_handle: k.pool_handle,
-                    pe_id: PoolElementId(pe_id),
+                    pe_id: k.pe_id.unwrap_or(PoolElementId(pe_id)),
                 });
                 let _ = s.write_all(&frame(11, &codec.encode(&ack).unwrap()));
             }
@@ -180,6 +209,12 @@ fn reuse_socket() -> Socket {
 
 /// Registers one PE at `home` from a port it also listens on.
 fn pe(home: &Registrar, pe_id: u32) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
+    pes(home, &[pe_id])
+}
+
+/// Registers PEs at `home` over one association, from a port it also listens on.
+fn pes(home: &Registrar, ids: &[u32]) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
+    let pe_id = ids[0];
     let codec = Codec::default();
     let listener = reuse_socket();
     listener
@@ -191,23 +226,25 @@ fn pe(home: &Registrar, pe_id: u32) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
     conn.bind(&local).unwrap();
     conn.connect(&home.asap.into()).unwrap();
     let mut conn: TcpStream = conn.into();
-    let element = PoolElement {
-        id: PoolElementId(pe_id),
-        home_registrar: RegistrarId(0),
-        registration_life: RegistrationLife::Finite(Duration::from_secs(300)),
-        user_transport: UserTransport::Address(TransportAddress::tcp(
-            7,
-            "127.0.0.1".parse().unwrap(),
-        )),
-        policy: PoolPolicy::RoundRobin,
-        asap_transport: None,
-    };
-    let m = AsapMessage::Registration(asap::Registration {
-        pool_handle: PoolHandle::from("EnrpPool"),
-        pool_element: element,
-    });
-    conn.write_all(&frame(11, &codec.encode(&m).unwrap()))
-        .unwrap();
+    for &id in ids {
+        let element = PoolElement {
+            id: PoolElementId(id),
+            home_registrar: RegistrarId(0),
+            registration_life: RegistrationLife::Finite(Duration::from_secs(300)),
+            user_transport: UserTransport::Address(TransportAddress::tcp(
+                7,
+                "127.0.0.1".parse().unwrap(),
+            )),
+            policy: PoolPolicy::RoundRobin,
+            asap_transport: None,
+        };
+        let m = AsapMessage::Registration(asap::Registration {
+            pool_handle: PoolHandle::from("EnrpPool"),
+            pool_element: element,
+        });
+        conn.write_all(&frame(11, &codec.encode(&m).unwrap()))
+            .unwrap();
+    }
     let homes = Arc::new(Mutex::new(Vec::new()));
     let h = homes.clone();
     std::thread::spawn(move || serve_pe(conn, codec, pe_id, h));
@@ -224,6 +261,10 @@ fn pe(home: &Registrar, pe_id: u32) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
 
 /// A handle resolution at `r` over the TCP mapping: the PE IDs it returns.
 fn resolve(r: &Registrar) -> Vec<u32> {
+    resolve_n(r, None)
+}
+
+fn resolve_n(r: &Registrar, items: Option<u32>) -> Vec<u32> {
     let codec = Codec::default();
     let Ok(mut s) = TcpStream::connect(r.asap) else {
         return Vec::new();
@@ -231,7 +272,7 @@ fn resolve(r: &Registrar) -> Vec<u32> {
     let m = AsapMessage::HandleResolution(asap::HandleResolution {
         pool_handle: PoolHandle::from("EnrpPool"),
         subscribe: false,
-        option: None,
+        option: items.map(|items| rserpool_wire::HandleResolutionOption { items }),
     });
     s.write_all(&frame(11, &codec.encode(&m).unwrap())).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -316,4 +357,106 @@ fn three_registrars_share_a_pe_and_one_takes_it_over_after_kill_9() {
         assert_eq!(resolve(r), vec![0x77], "the PE stays resolvable");
         assert!(metrics(r).contains(&format!("home=\"{new_home}\"")));
     }
+}
+
+/// The PEs per home registrar with their checksums, as a registrar's metrics list them.
+fn by_home(r: &Registrar) -> Vec<String> {
+    let mut v: Vec<String> = metrics(r)
+        .lines()
+        .filter(|l| l.starts_with("rserpool_registrar_enrp_pool_elements_by_home{"))
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn hundred_pes_converge_and_a_restarted_registrar_resynchronises() {
+    let r1 = start(0x2001, None);
+    let r2 = start(0x2002, Some(r1.enrp));
+    let r3 = start(0x2003, Some(r1.enrp));
+    std::env::set_var(
+        "ENRP_TEST_METRICS",
+        format!("{},{},{}", r1.metrics, r2.metrics, r3.metrics),
+    );
+    wait_for("three peers each", Duration::from_secs(60), || {
+        [&r1, &r2, &r3]
+            .iter()
+            .all(|r| metric(r, "rserpool_registrar_enrp_peers") == 2)
+    });
+    // 100 PEs across the three, 10 associations of 3 or 4 PEs each per registrar.
+    let mut _pes = Vec::new();
+    for (i, r) in [&r1, &r2, &r3].into_iter().enumerate() {
+        let ids: Vec<u32> = (1..=100u32).filter(|id| (*id as usize) % 3 == i).collect();
+        for chunk in ids.chunks(4) {
+            _pes.push(pes(r, chunk));
+        }
+    }
+    let all = [&r1, &r2, &r3];
+    wait_for(
+        "100 PEs at every registrar",
+        Duration::from_secs(60),
+        || {
+            all.iter()
+                .all(|r| metric(r, "rserpool_registrar_pool_elements") == 100)
+        },
+    );
+    wait_for(
+        "equal checksums everywhere",
+        Duration::from_secs(30),
+        || {
+            let h = by_home(&r1);
+            h.len() == 3 && by_home(&r2) == h && by_home(&r3) == h
+        },
+    );
+    for r in all {
+        let mut ids = resolve_n(r, Some(0xffff_ffff));
+        ids.sort();
+        assert_eq!(
+            ids,
+            (1..=100).collect::<Vec<_>>(),
+            "every registrar resolves every PE"
+        );
+    }
+    // kill -9 r3: its PEs move to one survivor, and follow it (they answer the H=1 keep-alive).
+    let mut r3 = r3;
+    r3.child.kill().unwrap();
+    let _ = r3.child.wait();
+    wait_for("the takeover of r3", Duration::from_secs(60), || {
+        [&r1, &r2]
+            .iter()
+            .map(|r| {
+                metric(
+                    r,
+                    "rserpool_registrar_enrp_takeovers_total{outcome=\"won\"}",
+                )
+            })
+            .sum::<u64>()
+            == 1
+    });
+    wait_for("every PE adopted", Duration::from_secs(30), || {
+        [&r1, &r2]
+            .iter()
+            .map(|r| metric(r, "rserpool_registrar_pool_elements_adopted_total"))
+            .sum::<u64>()
+            == 33
+    });
+    // The killed registrar comes back (same ID) and takes the table from its mentor.
+    let r3 = start_with(0x2003, Some(r1.enrp), &[]);
+    wait_for(
+        "the restarted registrar to hold every PE",
+        Duration::from_secs(60),
+        || metric(&r3, "rserpool_registrar_pool_elements") == 100,
+    );
+    wait_for(
+        "equal checksums after the restart",
+        Duration::from_secs(30),
+        || {
+            let h = by_home(&r1);
+            h.len() == 2 && by_home(&r2) == h && by_home(&r3) == h
+        },
+    );
+    let mut ids = resolve_n(&r3, Some(0xffff_ffff));
+    ids.sort();
+    assert_eq!(ids, (1..=100).collect::<Vec<_>>());
 }

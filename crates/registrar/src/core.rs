@@ -561,11 +561,15 @@ impl Registrar {
                 return;
             }
         };
+        let adopting = self.taken_over_unadopted(&pool_handle, pe_id);
         match self
             .handlespace
             .register(&pool_handle, pe.clone(), Some(association), now)
         {
             Ok(outcome) => {
+                if adopting {
+                    self.metrics.adopted += 1;
+                }
                 let entry = outcome.entry();
                 let new = outcome.is_new();
                 if new {

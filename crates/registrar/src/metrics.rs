@@ -110,6 +110,9 @@ pub struct Metrics {
     pub held_answers: u64,
     /// Answers dropped because an association had too many waiting (kept by the driver).
     pub dropped_answers: u64,
+    /// PEs taken over from a dead peer that answered the H=1 keep-alive and so adopted this
+    /// registrar as their home (RFC 5353 §3.5.2).
+    pub adopted: u64,
     /// ENRP counters and peer status, when ENRP runs (kept by the driver).
     pub enrp: Option<crate::enrp::EnrpMetrics>,
 }
@@ -210,6 +213,11 @@ impl Metrics {
             "server_announces_total",
             "ASAP_SERVER_ANNOUNCEs sent.",
             self.announces_sent,
+        );
+        counter(
+            "pool_elements_adopted_total",
+            "PEs taken over that answered the H=1 keep-alive (adopted this registrar).",
+            self.adopted,
         );
         counter(
             "dropped_answers_total",

@@ -853,3 +853,46 @@ fn presence_carries_server_information_and_checksum() {
     assert_eq!(info.transport.protocol, TransportProtocol::Sctp);
     let _ = net.profile;
 }
+
+#[test]
+fn a_pe_taken_over_that_re_registers_first_is_adopted() {
+    let mut net = Net::new(&[0x100, 0x200], Profile::Rsplib, |_| {});
+    net.pes_answer = false;
+    net.run_for(secs(12));
+    net.register(0, "P", [1], 1);
+    net.run_for(secs(2));
+    net.kill(0);
+    net.run_for(secs(12));
+    assert_eq!(net.won(1), vec![net.id(0)]);
+    let (addr, pool, id) = net.nodes[1].home_keep_alives[0].clone();
+    // The PE answers its new home with a re-registration over the new association.
+    let now = net.now;
+    let codec = net.codec;
+    let n = &mut net.nodes[1];
+    n.reg.association_up(
+        now,
+        AssociationId(500),
+        PeerInfo {
+            kind: AssociationKind::Sctp,
+            addresses: vec![addr.ip()],
+            port: addr.port(),
+        },
+    );
+    let m = AsapMessage::Registration(asap::Registration {
+        pool_handle: pool.clone(),
+        pool_element: pe_element(id.0, addr.ip()),
+    });
+    n.reg.message(
+        now,
+        AssociationId(500),
+        Protocol::Asap.ppid(),
+        &codec.encode(&m).unwrap(),
+    );
+    assert_eq!(n.reg.metrics().adopted, 1);
+    let pe = n.reg.handlespace().find(&pool, id).unwrap();
+    assert_eq!(pe.association(), Some(AssociationId(500)));
+    assert_eq!(pe.home_registrar(), net.id(1));
+    // Still there after the keep-alive timeout: the registration answered for it.
+    net.run_for(secs(8));
+    assert_eq!(net.table(1).len(), 1);
+}

@@ -222,6 +222,19 @@ impl Registrar {
         );
     }
 
+    /// Whether the PE was taken over from a dead peer and has not answered yet (no
+    /// association): its re-registration, which may come before its keep-alive answer, adopts
+    /// this registrar too.
+    pub(super) fn taken_over_unadopted(
+        &self,
+        pool_handle: &PoolHandle,
+        pe_id: PoolElementId,
+    ) -> bool {
+        self.handlespace
+            .find(pool_handle, pe_id)
+            .is_some_and(|pe| pe.home_registrar() == self.id && pe.association().is_none())
+    }
+
     /// A keep-alive answer over an association the PE was not registered over: accepted when
     /// the PE was taken over and the association reaches its ASAP transport (the one the H=1
     /// keep-alive opened), which then becomes the PE's association.
@@ -238,10 +251,14 @@ impl Registrar {
         let reaches = pe.element().asap_transport.as_ref().is_some_and(|t| {
             t.port == peer.port && t.addresses.iter().any(|a| peer.addresses.contains(a))
         });
-        reaches
+        let adopted = reaches
             && self
                 .handlespace
                 .set_association(entry, Some(association))
-                .is_ok()
+                .is_ok();
+        if adopted {
+            self.metrics.adopted += 1;
+        }
+        adopted
     }
 }
