@@ -6,6 +6,8 @@ use crate::units::{human, DurationValue};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rserpool_registrar::driver::{run, DriverConfig};
+use rserpool_registrar::enrp::io::EnrpDriverConfig;
+use rserpool_registrar::enrp::EnrpConfig;
 use rserpool_registrar::{AddressScope, Profile, RateLimit, RegistrarConfig};
 use rserpool_transport::TransportChoice;
 use rserpool_wire::RegistrarId;
@@ -144,6 +146,78 @@ pub struct RegistrarArgs {
     #[arg(long)]
     #[serde(skip)]
     pub check: bool,
+    /// ENRP listening address (repeatable, one port; SCTP where the kernel has it, else the TCP
+    /// mapping, as for ASAP). Without it the registrar runs on its own.
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(default)]
+    pub enrp: Vec<SocketAddr>,
+    /// A static ENRP peer (repeatable; port 9901 when left out; `-peer`). TOML key `peers`.
+    #[arg(long = "peer", value_name = "ADDR[:PORT]")]
+    #[serde(default, rename = "peers")]
+    pub peers: Vec<String>,
+    /// Multicast PRESENCE: `auto` (default: the profile's group, on the loopback interface when
+    /// ENRP listens on loopback only), `off`, or a group ADDR:PORT (`-enrpannounce`).
+    #[arg(long, value_name = "auto|off|ADDR:PORT")]
+    pub enrp_announce: Option<String>,
+    /// PRESENCE interval, e.g. "2.444s" or milliseconds (`-peerheartbeatcycle`; rsplib
+    /// 2.444 s, rfc 30 s).
+    #[arg(long, value_name = "DURATION")]
+    pub peer_heartbeat_cycle: Option<String>,
+    /// Silence after which a peer gets PRESENCE with R=1 (`-peermaxtimelastheard`; rsplib 5 s,
+    /// rfc 61 s).
+    #[arg(long, value_name = "DURATION")]
+    pub peer_max_time_last_heard: Option<String>,
+    /// No answer within this and the peer is dead (`-peermaxtimenoresponse`; 5 s).
+    #[arg(long, value_name = "DURATION")]
+    pub peer_max_time_no_response: Option<String>,
+    /// How long start-up waits for a mentor (`-mentordiscoverytimeout`; 5 s).
+    #[arg(long, value_name = "DURATION")]
+    pub mentor_discovery_timeout: Option<String>,
+    /// A takeover not acknowledged by then is abandoned (`-takeoverexpiryinterval`; 5 s).
+    #[arg(long, value_name = "DURATION")]
+    pub takeover_expiry_interval: Option<String>,
+    /// Most PEs per HANDLE_TABLE_RESPONSE (`-maxelementsperhtrequest`; 128).
+    #[arg(long)]
+    pub max_elements_per_ht_request: Option<usize>,
+    /// Largest HANDLE_TABLE_RESPONSE in bytes (RSPLIB: 1400).
+    #[arg(long, value_name = "BYTES")]
+    pub max_ht_response_size: Option<usize>,
+    /// Most ENRP peers (64).
+    #[arg(long)]
+    pub max_peers: Option<usize>,
+    /// Most PEs learned from one peer (1 048 576).
+    #[arg(long)]
+    pub max_pool_elements_per_peer: Option<usize>,
+    /// Send and honour takeover suggestions (T flag; `-supporttakeoversuggestion`).
+    #[arg(long)]
+    pub support_takeover_suggestion: Option<bool>,
+}
+
+/// A duration as "2.444s", "500ms", "1m" (humantime) or plain milliseconds (as rspregistrar's
+/// options take them).
+fn duration(name: &str, v: &str) -> Result<Duration> {
+    let d = match v.trim().parse::<u64>() {
+        Ok(ms) => Duration::from_millis(ms),
+        Err(_) => humantime::parse_duration(v.trim())
+            .map_err(|e| anyhow::anyhow!("{name}: {v:?} is not a duration: {e}"))?,
+    };
+    if d.is_zero() {
+        bail!("{name}: must be longer than 0");
+    }
+    Ok(d)
+}
+
+/// `ADDR[:PORT]` with ENRP's port 9901 by default.
+fn peer_address(v: &str) -> Result<SocketAddr> {
+    if let Ok(a) = v.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let ip: std::net::IpAddr = v
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|e| anyhow::anyhow!("peer: {v:?} is not ADDR[:PORT]: {e}"))?;
+    Ok(SocketAddr::new(ip, 9901))
 }
 
 fn parse_id(s: &str) -> Result<u32, String> {
@@ -203,8 +277,25 @@ impl RegistrarArgs {
             max_held_answers,
             enforce_registration_life,
             metrics,
-            seed
+            seed,
+            enrp_announce,
+            peer_heartbeat_cycle,
+            peer_max_time_last_heard,
+            peer_max_time_no_response,
+            mentor_discovery_timeout,
+            takeover_expiry_interval,
+            max_elements_per_ht_request,
+            max_ht_response_size,
+            max_peers,
+            max_pool_elements_per_peer,
+            support_takeover_suggestion
         );
+        if self.enrp.is_empty() {
+            self.enrp = file.enrp;
+        }
+        if self.peers.is_empty() {
+            self.peers = file.peers;
+        }
         if self.asap.is_empty() {
             self.asap = file.asap;
         }
@@ -398,6 +489,100 @@ impl RegistrarArgs {
             }
             config.max_held_answers = n;
         }
+        if !a.enrp.is_empty() {
+            if a.enrp.iter().any(|s| s.port() != a.enrp[0].port()) {
+                bail!("enrp: all addresses must share one port (got {:?})", a.enrp);
+            }
+            let mut e = EnrpConfig::new(profile);
+            e.seed = a.seed;
+            e.static_peers = a
+                .peers
+                .iter()
+                .map(|p| peer_address(p).map(|a| vec![a]))
+                .collect::<Result<_>>()?;
+            let set = |name: &str, v: &Option<String>, slot: &mut Duration| -> Result<()> {
+                if let Some(v) = v {
+                    *slot = duration(name, v)?;
+                }
+                Ok(())
+            };
+            set(
+                "peer-heartbeat-cycle",
+                &a.peer_heartbeat_cycle,
+                &mut e.peer_heartbeat_cycle,
+            )?;
+            set(
+                "peer-max-time-last-heard",
+                &a.peer_max_time_last_heard,
+                &mut e.max_time_last_heard,
+            )?;
+            set(
+                "peer-max-time-no-response",
+                &a.peer_max_time_no_response,
+                &mut e.max_time_no_response,
+            )?;
+            set(
+                "mentor-discovery-timeout",
+                &a.mentor_discovery_timeout,
+                &mut e.mentor_discovery_timeout,
+            )?;
+            set(
+                "takeover-expiry-interval",
+                &a.takeover_expiry_interval,
+                &mut e.takeover_expiry,
+            )?;
+            if let Some(n) = a.max_elements_per_ht_request {
+                if !(1..=1024).contains(&n) {
+                    bail!("max-elements-per-ht-request: {n} is not in 1..=1024");
+                }
+                e.max_elements_per_handle_table_response = n;
+            }
+            if let Some(n) = a.max_ht_response_size {
+                if !(256..=65_535).contains(&n) {
+                    bail!("max-ht-response-size: {n} is not in 256..=65535");
+                }
+                e.max_handle_table_response_bytes = n;
+            }
+            if let Some(n) = a.max_peers {
+                e.max_peers = n;
+            }
+            if let Some(n) = a.max_pool_elements_per_peer {
+                e.max_pool_elements_per_peer = n;
+            }
+            if let Some(t) = a.support_takeover_suggestion {
+                e.takeover_suggestion = t;
+            }
+            let loopback_only = a.enrp.iter().all(|s| s.ip().is_loopback());
+            let (announce, interface) = match a.enrp_announce.as_deref().unwrap_or("auto") {
+                "off" | "none" => (None, None),
+                "auto" => (
+                    Some(EnrpConfig::multicast_group(profile)),
+                    // Follows the listening address: loopback-only stays on loopback.
+                    loopback_only.then_some(std::net::Ipv4Addr::LOCALHOST),
+                ),
+                addr => {
+                    let group: SocketAddr = addr
+                        .parse()
+                        .map_err(|e| anyhow::anyhow!("enrp-announce: {addr:?}: {e}"))?;
+                    if !group.ip().is_multicast() {
+                        bail!("enrp-announce: {} is not a multicast address", group.ip());
+                    }
+                    (
+                        Some(group),
+                        loopback_only.then_some(std::net::Ipv4Addr::LOCALHOST),
+                    )
+                }
+            };
+            config.enrp = Some(EnrpDriverConfig {
+                core: e,
+                listen: a.enrp,
+                announce,
+                announce_interface: interface.or(a.announce_interface),
+                announce_ttl: config.announce_ttl,
+            });
+        } else if !a.peers.is_empty() {
+            bail!("peer: static peers need an ENRP endpoint (--enrp ADDR:PORT)");
+        }
         Ok(config)
     }
 }
@@ -521,6 +706,9 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
                         if s.plain_tcp_addrs.is_empty() { String::new() } else { format!(", plain TCP on {:?}", s.plain_tcp_addrs) },
                         s.metrics_addr.map(|m| format!(", metrics at http://{m}/metrics")).unwrap_or_default()
                     );
+                    if !s.enrp_addrs.is_empty() {
+                        println!("registrar {} serving ENRP on {:?}", s.registrar_id, s.enrp_addrs);
+                    }
                 }
             }
         }
@@ -690,5 +878,68 @@ mod tests {
             .into_config()
             .unwrap();
         assert_eq!(c.core.keep_alive_interval, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn enrp_settings_from_file_and_flags() {
+        let c = parse(&[]).into_config().unwrap();
+        assert!(c.enrp.is_none(), "no ENRP without --enrp");
+        let c = with_file(
+            "enrp = [\"127.0.0.1:9901\"]\npeers = [\"127.0.0.1:9911\", \"10.0.0.2\"]\npeer-heartbeat-cycle = \"2.444s\"\npeer-max-time-last-heard = \"7s\"\nmax-elements-per-ht-request = 64\nsupport-takeover-suggestion = true\n",
+            &["--peer-max-time-no-response", "1500"],
+        )
+        .unwrap();
+        let e = c.enrp.expect("ENRP on");
+        assert_eq!(
+            e.listen,
+            vec!["127.0.0.1:9901".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(
+            e.core.static_peers,
+            vec![
+                vec!["127.0.0.1:9911".parse::<SocketAddr>().unwrap()],
+                vec!["10.0.0.2:9901".parse::<SocketAddr>().unwrap()]
+            ]
+        );
+        assert_eq!(e.core.peer_heartbeat_cycle, Duration::from_millis(2444));
+        assert_eq!(e.core.max_time_last_heard, Duration::from_secs(7));
+        assert_eq!(e.core.max_time_no_response, Duration::from_millis(1500));
+        assert_eq!(e.core.max_elements_per_handle_table_response, 64);
+        assert!(e.core.takeover_suggestion);
+        // Bound to loopback: the multicast PRESENCE stays on the loopback interface.
+        assert_eq!(e.announce, Some("239.0.0.51:9901".parse().unwrap()));
+        assert_eq!(e.announce_interface, Some(std::net::Ipv4Addr::LOCALHOST));
+        let c = parse(&[
+            "--enrp",
+            "0.0.0.0:9901",
+            "--profile",
+            "rfc",
+            "--enrp-announce",
+            "off",
+        ])
+        .into_config()
+        .unwrap();
+        let e = c.enrp.unwrap();
+        assert_eq!(e.announce, None);
+        assert_eq!(e.core.peer_heartbeat_cycle, Duration::from_secs(30));
+        assert_eq!(e.core.max_time_last_heard, Duration::from_secs(61));
+        let err = |r: Result<DriverConfig>| format!("{:#}", r.unwrap_err());
+        assert!(err(parse(&["--peer", "127.0.0.1"]).into_config()).contains("--enrp"));
+        assert!(err(
+            parse(&["--enrp", "127.0.0.1:1", "--peer-heartbeat-cycle", "soon"]).into_config()
+        )
+        .contains("peer-heartbeat-cycle"));
+        assert!(
+            err(parse(&["--enrp", "127.0.0.1:1", "--peer", "nowhere"]).into_config())
+                .contains("peer")
+        );
+        assert!(err(parse(&[
+            "--enrp",
+            "127.0.0.1:1",
+            "--max-elements-per-ht-request",
+            "0"
+        ])
+        .into_config())
+        .contains("max-elements-per-ht-request"));
     }
 }

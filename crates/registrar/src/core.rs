@@ -28,9 +28,15 @@ use rserpool_wire::{
 };
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
+
+// The hooks ENRP (crate::enrp) drives the handlespace through: a child module, so that it
+// reaches the core's state without widening it.
+#[path = "enrp/asap_hooks.rs"]
+mod enrp_hooks;
+pub use enrp_hooks::{LearnRefused, OwnChange};
 
 /// How an association reaches the registrar; decides what the registrar records as a PE's ASAP
 /// transport.
@@ -63,6 +69,9 @@ pub enum Destination {
     Association(AssociationId),
     /// To the announce multicast group (ASAP_SERVER_ANNOUNCE).
     Announce,
+    /// To a PE's ASAP transport address, over a new association if none exists (the H=1
+    /// ENDPOINT_KEEP_ALIVE after an ENRP takeover, RFC 5353 §3.5.2).
+    Address(SocketAddr),
 }
 
 /// A message to send.
@@ -327,6 +336,9 @@ pub struct Registrar {
     security: Security,
     /// Claims on PEs that left the handlespace, settled when the current step ends.
     settled_claims: Vec<Claim>,
+    /// Changes to the PEs this registrar is home for, kept for ENRP HANDLE_UPDATEs once
+    /// [`Registrar::enable_handle_updates`] was called.
+    own_changes: Option<VecDeque<OwnChange>>,
 }
 
 impl Registrar {
@@ -357,6 +369,7 @@ impl Registrar {
             encoded_pes: EncodedPes::default(),
             security: Security::default(),
             settled_claims: Vec::new(),
+            own_changes: None,
             config,
         }
     }
@@ -800,11 +813,15 @@ impl Registrar {
             }
             _ => {}
         }
+        let adopting = self.taken_over_unadopted(&pool_handle, pe_id);
         match self
             .handlespace
             .register(&pool_handle, pe.clone(), Some(association), now)
         {
             Ok(outcome) => {
+                if adopting {
+                    self.metrics.adopted += 1;
+                }
                 let entry = outcome.entry();
                 let new = outcome.is_new();
                 // The owner's re-registration answers any probe as well as a keep-alive ack.
@@ -832,6 +849,7 @@ impl Registrar {
                         error: None,
                     }),
                 );
+                self.record_added(&pool_handle, &pe);
                 self.events.push_back(RegistrarEvent::Registered {
                     pool_handle,
                     element: pe,
@@ -1136,7 +1154,8 @@ impl Registrar {
         let Some(pe) = self.handlespace.get(entry) else {
             return;
         };
-        if pe.association() != Some(association) {
+        let (other, timer) = (pe.association() != Some(association), pe.timer());
+        if other && !self.adopt_association(entry, association) {
             self.events.push_back(RegistrarEvent::Ignored {
                 association,
                 message: "ASAP_ENDPOINT_KEEP_ALIVE_ACK",
@@ -1144,7 +1163,7 @@ impl Registrar {
             });
             return;
         }
-        if !matches!(pe.timer(), Some(t) if t.kind == TimerKind::KeepAliveTimeout) {
+        if !matches!(timer, Some(t) if t.kind == TimerKind::KeepAliveTimeout) {
             return;
         }
         self.metrics.keep_alives_acked += 1;
@@ -1433,6 +1452,7 @@ impl Registrar {
         // Claims on the PE are settled when this step ends: its owner is gone.
         let claims = self.security.removed(removed.entry);
         self.settled_claims.extend(claims);
+        self.record_removed(&pool_handle, &removed);
         self.metrics.removal(cause);
         self.events.push_back(RegistrarEvent::Removed {
             pool_handle,

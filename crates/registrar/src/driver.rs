@@ -3,6 +3,7 @@
 //! event and serves the metrics.
 
 use crate::core::{AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent};
+use crate::enrp::io::{EnrpDriverConfig, EnrpSide, Input};
 use crate::metrics::Metrics;
 use crate::outbox::{self, Outbox};
 use crate::RegistrarConfig;
@@ -47,6 +48,8 @@ pub struct DriverConfig {
     /// Most answers held for one association while the transport has no room for them; past
     /// it new answers to that association are dropped (and counted).
     pub max_held_answers: usize,
+    /// ENRP with peer registrars (RFC 5353); `None` runs a registrar on its own.
+    pub enrp: Option<EnrpDriverConfig>,
 }
 
 impl DriverConfig {
@@ -64,6 +67,7 @@ impl DriverConfig {
             metrics_listen: None,
             endpoint: EndpointConfig::new(TransportChoice::Auto),
             max_held_answers: 1024,
+            enrp: None,
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct Running {
     /// Where server announces go: one socket per interface, with the interface and TTL the
     /// kernel reports for it (empty: announces off).
     pub announces: Vec<AnnounceSocket>,
+    /// The ENRP addresses actually bound (empty without ENRP).
+    pub enrp_addrs: Vec<SocketAddr>,
     /// The counters, updated after every step.
     pub metrics: Arc<Mutex<Metrics>>,
     endpoint: EndpointHandle,
@@ -234,6 +240,14 @@ pub async fn run(
     // The driver only logs resolution reports, at debug: without those logs nobody reads them.
     core_config.report_resolutions &= tracing::enabled!(tracing::Level::DEBUG);
     let mut core = Registrar::new(core_config, now());
+    let mut enrp = match config.enrp.take() {
+        Some(c) => {
+            let mut ep = config.endpoint.clone();
+            ep.transport = config.transport;
+            Some(EnrpSide::bind(c, &ep, &mut core, now()).await?)
+        }
+        None => None,
+    };
     tracing::info!(
         registrar = %core.id(),
         transport = %kind,
@@ -249,6 +263,7 @@ pub async fn run(
         asap_addrs: endpoint.local_addrs().to_vec(),
         plain_tcp_addrs: endpoint.plain_asap_addrs().to_vec(),
         metrics_addr,
+        enrp_addrs: enrp.as_ref().map(|e| e.local.clone()).unwrap_or_default(),
         metrics: shared_metrics.clone(),
         announces: announce_sockets
             .iter()
@@ -273,6 +288,9 @@ pub async fn run(
     loop {
         let mut deadline = core
             .poll_timeout()
+            .into_iter()
+            .chain(enrp.as_ref().and_then(|e| e.core.poll_timeout()))
+            .min()
             .map(|d| epoch + d)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         if !outbox.is_empty() {
@@ -283,33 +301,76 @@ pub async fn run(
         }
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = &mut sleep => core.handle_timeout(now()),
+            _ = &mut sleep => {
+                let t = now();
+                core.handle_timeout(t);
+                if let Some(e) = enrp.as_mut() {
+                    e.core.after_asap(&mut core);
+                    e.core.handle_timeout(t, &mut core);
+                }
+            }
+            Some(input) = next_enrp(&mut enrp) => {
+                if let Some(e) = enrp.as_mut() {
+                    e.on_input(&mut core, now(), input);
+                }
+            }
             event = endpoint.next_event() => {
                 let Some(event) = event else { break };
                 // One reading of the clock for the batch: its events are microseconds apart.
                 let t = now();
-                on_transport_event(&mut core, &mut outbox, t, event);
+                on_transport_event(&mut core, &mut outbox, t, event, enrp.as_mut());
                 // Take what else is queued before answering: one flush per batch.
                 for _ in 0..MAX_BATCH {
                     let Some(event) = endpoint.try_next_event() else { break };
-                    on_transport_event(&mut core, &mut outbox, t, event);
+                    on_transport_event(&mut core, &mut outbox, t, event, enrp.as_mut());
                 }
             }
         }
-        flush(&mut core, &mut outbox, &handle, &announce_sockets).await;
+        if let Some(e) = enrp.as_mut() {
+            e.core.after_asap(&mut core);
+        }
+        flush(
+            &mut core,
+            &mut outbox,
+            &handle,
+            &announce_sockets,
+            enrp.as_mut(),
+        )
+        .await;
+        if let Some(e) = enrp.as_mut() {
+            e.flush().await;
+        }
         if let Ok(mut shared) = shared_metrics.lock() {
             shared.clone_from(core.metrics());
             shared.set_transport(&handle.stats());
+            shared.enrp = enrp.as_mut().map(|e| e.core.metrics(&core).clone());
             shared.held_answers = outbox.held() as u64;
             shared.dropped_answers = outbox.dropped();
         }
     }
     tracing::info!(registrar = %core.id(), "registrar shutting down");
+    if let Some(e) = enrp.as_mut() {
+        e.shutdown();
+    }
     endpoint.shutdown();
     Ok(())
 }
 
-fn on_transport_event(core: &mut Registrar, outbox: &mut Outbox, now: Duration, event: Event) {
+/// The next ENRP input, or never without ENRP.
+async fn next_enrp(enrp: &mut Option<EnrpSide>) -> Option<Input> {
+    match enrp {
+        Some(e) => e.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn on_transport_event(
+    core: &mut Registrar,
+    outbox: &mut Outbox,
+    now: Duration,
+    event: Event,
+    enrp: Option<&mut EnrpSide>,
+) {
     match event {
         Event::AssociationUp {
             id,
@@ -343,6 +404,9 @@ fn on_transport_event(core: &mut Registrar, outbox: &mut Outbox, now: Duration, 
         Event::AssociationDown { id, reason } => {
             tracing::debug!(association = id.0, %reason, "association down");
             outbox.forget(AssociationId(id.0));
+            if let Some(e) = enrp {
+                e.asap_association_down(AssociationId(id.0));
+            }
             core.association_down(now, AssociationId(id.0));
         }
         Event::PeerAddressChange { id, addr, state } => {
@@ -360,10 +424,19 @@ async fn flush(
     outbox: &mut Outbox,
     handle: &EndpointHandle,
     announce: &[MulticastSocket],
+    mut enrp: Option<&mut EnrpSide>,
 ) {
     while let Some(t) = core.poll_transmit() {
         match t.destination {
             Destination::Association(a) => outbox.push(a, t.ppid, t.bytes),
+            Destination::Address(addr) => {
+                // The H=1 keep-alive of a takeover, to a PE we have no association with.
+                if let Some(e) = enrp.as_deref_mut() {
+                    if let Some(a) = e.asap_association(handle, addr).await {
+                        outbox.push(a, t.ppid, t.bytes);
+                    }
+                }
+            }
             Destination::Announce => {
                 for s in announce {
                     if let Err(e) = s.send(&t.bytes).await {

@@ -1,5 +1,6 @@
 //! The RSerPool registrar: ASAP towards pool elements and pool users (RFC 5352), built as a
-//! sans-IO core ([`Registrar`]) that a thin tokio driver runs.
+//! sans-IO core ([`Registrar`]) that a thin tokio driver runs, and ENRP between registrars
+//! (RFC 5353) as a second sans-IO core beside it ([`enrp::Enrp`]).
 
 #![warn(missing_docs)]
 
@@ -8,6 +9,7 @@ mod config;
 mod core;
 pub mod driver;
 mod encoded_pes;
+pub mod enrp;
 mod http;
 mod metrics;
 mod outbox;
@@ -17,7 +19,8 @@ mod security;
 pub use crate::access::{AccessRefusal, AccessRules};
 pub use crate::config::{AddressScope, AnnounceConfig, Profile, RateLimit, RegistrarConfig};
 pub use crate::core::{
-    AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent, Transmit,
+    AssociationKind, Destination, LearnRefused, OwnChange, PeerInfo, Registrar, RegistrarEvent,
+    Transmit,
 };
 pub use crate::metrics::{Metrics, RateLimited, RemovalCause, SecurityRefusal};
 pub use rserpool_handlespace::AssociationId;

@@ -191,6 +191,11 @@ pub struct Metrics {
     pub tls_handshake_failures: u64,
     /// TLS handshakes that did not finish within the handshake timeout (kept by the driver).
     pub tls_handshake_timeouts: u64,
+    /// PEs taken over from a dead peer that answered the H=1 keep-alive and so adopted this
+    /// registrar as their home (RFC 5353 §3.5.2).
+    pub adopted: u64,
+    /// ENRP counters and peer status, when ENRP runs (kept by the driver).
+    pub enrp: Option<crate::enrp::EnrpMetrics>,
 }
 
 impl Metrics {
@@ -336,6 +341,11 @@ impl Metrics {
             self.unreachable_probes_suppressed,
         );
         counter(
+            "pool_elements_adopted_total",
+            "PEs taken over that answered the H=1 keep-alive (adopted this registrar).",
+            self.adopted,
+        );
+        counter(
             "dropped_answers_total",
             "Answers dropped because too many waited for room in the transport.",
             self.dropped_answers,
@@ -452,6 +462,9 @@ impl Metrics {
             let _ = writeln!(out, "# HELP rserpool_registrar_{name} {help}");
             let _ = writeln!(out, "# TYPE rserpool_registrar_{name} gauge");
             let _ = writeln!(out, "rserpool_registrar_{name} {value}");
+        }
+        if let Some(enrp) = &self.enrp {
+            enrp.render_prometheus(&mut out);
         }
         out
     }

@@ -1,0 +1,462 @@
+//! ENRP between real `rserpool registrar` processes over the TCP mapping on 127.0.0.1: three
+//! registrars share one handlespace; after `kill -9` of a PE's home registrar exactly one
+//! survivor takes the PE over and the PE receives its H=1 keep-alive. The PE is a minimal one
+//! made of raw wire messages, listening on its ASAP port as an SCTP PE would.
+
+use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_wire::{
+    Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId, RegistrationLife,
+    TransportAddress, UserTransport,
+};
+use socket2::{Domain, Socket, Type};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+struct Registrar {
+    child: Child,
+    enrp: SocketAddr,
+    asap: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Drop for Registrar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn between<'a>(s: &'a str, from: &str, to: &str) -> &'a str {
+    let i = s.find(from).map(|i| i + from.len()).unwrap_or(0);
+    let j = s[i..].find(to).map(|j| i + j).unwrap_or(s.len());
+    &s[i..j]
+}
+
+fn start(id: u32, peer: Option<SocketAddr>) -> Registrar {
+    start_with(id, peer, &[])
+}
+
+fn start_with(id: u32, peer: Option<SocketAddr>, extra: &[&str]) -> Registrar {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rserpool"));
+    cmd.args([
+        "registrar",
+        "--transport",
+        "tcp",
+        "--asap",
+        "127.0.0.1:0",
+        "--enrp",
+        "127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
+        "--asap-announce",
+        "off",
+        "--enrp-announce",
+        "off",
+        "--min-address-scope",
+        "loopback",
+        "--identifier",
+        &id.to_string(),
+        "--mentor-discovery-timeout",
+        "1s",
+        "--peer-heartbeat-cycle",
+        "500ms",
+        "--peer-max-time-last-heard",
+        "1500ms",
+        "--peer-max-time-no-response",
+        "1500ms",
+        "--takeover-expiry-interval",
+        "3s",
+    ]);
+    if let Some(p) = peer {
+        cmd.args(["--peer", &p.to_string()]);
+    }
+    cmd.args(extra);
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(match std::env::var("ENRP_TEST_LOG_DIR") {
+            Ok(d) => Stdio::from(std::fs::File::create(format!("{d}/{id:x}.log")).unwrap()),
+            Err(_) => Stdio::null(),
+        })
+        .spawn()
+        .expect("rserpool runs");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut asap, mut metrics, mut enrp) = (None, None, None);
+    let mut line = String::new();
+    while enrp.is_none() {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("registrar {id} exited");
+        }
+        if line.contains("serving ASAP") {
+            asap = Some(between(&line, "on [", "]").parse().unwrap());
+            metrics = Some(between(&line, "http://", "/metrics").parse().unwrap());
+        }
+        if line.contains("serving ENRP") {
+            enrp = Some(between(&line, "on [", "]").parse().unwrap());
+        }
+    }
+    // Keep reading so the pipe never fills.
+    std::thread::spawn(move || for _ in out.lines() {});
+    Registrar {
+        child,
+        enrp: enrp.unwrap(),
+        asap: asap.unwrap(),
+        metrics: metrics.unwrap(),
+    }
+}
+
+fn metrics(r: &Registrar) -> String {
+    let Ok(mut s) = TcpStream::connect(r.metrics) else {
+        return String::new();
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+fn metric(r: &Registrar, name: &str) -> u64 {
+    metrics(r)
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + deadline;
+    while !f() {
+        if Instant::now() >= end {
+            if let Ok(s) = std::env::var("ENRP_TEST_METRICS") {
+                for m in s.split(',') {
+                    if let Ok(mut c) = TcpStream::connect(m) {
+                        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
+                        let mut body = String::new();
+                        let _ = c.read_to_string(&mut body);
+                        eprintln!(
+                            "{m}: {}",
+                            body.lines()
+                                .filter(|l| !l.starts_with('#')
+                                    && (l.contains("pool_elements")
+                                        || l.contains("regist")
+                                        || l.contains("enrp_peer")))
+                                .collect::<Vec<_>>()
+                                .join("\n")
+                        );
+                    }
+                }
+            }
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn frame(ppid: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0xe1, 0, 0, 0];
+    f.extend_from_slice(&ppid.to_be_bytes());
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads mapped frames; answers mapping keep-alives and ASAP keep-alives; reports H=1 ones.
+fn serve_pe(
+    mut s: TcpStream,
+    codec: Codec,
+    pe_id: u32,
+    homes: Arc<Mutex<Vec<(RegistrarId, Instant)>>>,
+) {
+    loop {
+        let mut h = [0u8; 12];
+        if s.read_exact(&mut h).is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+        let mut p = vec![0u8; len];
+        if s.read_exact(&mut p).is_err() {
+            return;
+        }
+        if h[1] == 1 {
+            let _ = s.write_all(&[0xe1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+            continue;
+        }
+        if let Ok(d) = codec.decode::<AsapMessage>(&p) {
+            if let AsapMessage::EndpointKeepAlive(k) = d.message {
+                if k.home {
+                    homes.lock().unwrap().push((k.server_id, Instant::now()));
+                }
+                let ack = AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
+                    pool_handle: k.pool_handle,
+                    pe_id: k.pe_id.unwrap_or(PoolElementId(pe_id)),
+                });
+                let _ = s.write_all(&frame(11, &codec.encode(&ack).unwrap()));
+            }
+        }
+    }
+}
+
+fn reuse_socket() -> Socket {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.set_reuse_address(true).unwrap();
+    s.set_reuse_port(true).unwrap();
+    s
+}
+
+/// Registers one PE at `home` from a port it also listens on.
+fn pe(home: &Registrar, pe_id: u32) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
+    pes(home, &[pe_id])
+}
+
+/// Registers PEs at `home` over one association, from a port it also listens on.
+fn pes(home: &Registrar, ids: &[u32]) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
+    let pe_id = ids[0];
+    let codec = Codec::default();
+    let listener = reuse_socket();
+    listener
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    listener.listen(16).unwrap();
+    let local = listener.local_addr().unwrap();
+    let conn = reuse_socket();
+    conn.bind(&local).unwrap();
+    conn.connect(&home.asap.into()).unwrap();
+    let mut conn: TcpStream = conn.into();
+    for &id in ids {
+        let element = PoolElement {
+            id: PoolElementId(id),
+            home_registrar: RegistrarId(0),
+            registration_life: RegistrationLife::Finite(Duration::from_secs(300)),
+            user_transport: UserTransport::Address(TransportAddress::tcp(
+                7,
+                "127.0.0.1".parse().unwrap(),
+            )),
+            policy: PoolPolicy::RoundRobin,
+            asap_transport: None,
+        };
+        let m = AsapMessage::Registration(asap::Registration {
+            pool_handle: PoolHandle::from("EnrpPool"),
+            pool_element: element,
+        });
+        conn.write_all(&frame(11, &codec.encode(&m).unwrap()))
+            .unwrap();
+    }
+    let homes = Arc::new(Mutex::new(Vec::new()));
+    let h = homes.clone();
+    std::thread::spawn(move || serve_pe(conn, codec, pe_id, h));
+    let listener: std::net::TcpListener = listener.into();
+    let h = homes.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            let h = h.clone();
+            std::thread::spawn(move || serve_pe(s, codec, pe_id, h));
+        }
+    });
+    homes
+}
+
+/// A handle resolution at `r` over the TCP mapping: the PE IDs it returns.
+fn resolve(r: &Registrar) -> Vec<u32> {
+    resolve_n(r, None)
+}
+
+fn resolve_n(r: &Registrar, items: Option<u32>) -> Vec<u32> {
+    let codec = Codec::default();
+    let Ok(mut s) = TcpStream::connect(r.asap) else {
+        return Vec::new();
+    };
+    let m = AsapMessage::HandleResolution(asap::HandleResolution {
+        pool_handle: PoolHandle::from("EnrpPool"),
+        subscribe: false,
+        option: items.map(|items| rserpool_wire::HandleResolutionOption { items }),
+    });
+    s.write_all(&frame(11, &codec.encode(&m).unwrap())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut h = [0u8; 12];
+    if s.read_exact(&mut h).is_err() {
+        return Vec::new();
+    }
+    let mut p = vec![0u8; u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize];
+    s.read_exact(&mut p).unwrap();
+    match codec.decode::<AsapMessage>(&p).unwrap().message {
+        AsapMessage::HandleResolutionResponse(r) => {
+            r.pool_elements.iter().map(|e| e.id.0).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn three_registrars_share_a_pe_and_one_takes_it_over_after_kill_9() {
+    let r1 = start(0x1001, None);
+    let r2 = start(0x1002, Some(r1.enrp));
+    let r3 = start(0x1003, Some(r1.enrp));
+    let all = [&r1, &r2, &r3];
+    wait_for("three peers each", Duration::from_secs(60), || {
+        all.iter()
+            .all(|r| metric(r, "rserpool_registrar_enrp_peers") == 2)
+    });
+    let homes = pe(&r1, 0x77);
+    wait_for("the PE at every registrar", Duration::from_secs(60), || {
+        all.iter()
+            .all(|r| metric(r, "rserpool_registrar_pool_elements") == 1)
+    });
+    for r in all {
+        assert_eq!(resolve(r), vec![0x77], "every registrar resolves the PE");
+    }
+    let killed = Instant::now();
+    let mut r1 = r1;
+    r1.child.kill().unwrap();
+    let _ = r1.child.wait();
+    wait_for("the H=1 keep-alive", Duration::from_secs(60), || {
+        !homes.lock().unwrap().is_empty()
+    });
+    let (new_home, at) = homes.lock().unwrap()[0];
+    eprintln!(
+        "kill -9 to H=1 keep-alive at the PE: {:.3} s (new home {new_home})",
+        (at - killed).as_secs_f64()
+    );
+    let survivors = [&r2, &r3];
+    wait_for("one takeover won", Duration::from_secs(30), || {
+        survivors
+            .iter()
+            .map(|r| {
+                metric(
+                    r,
+                    "rserpool_registrar_enrp_takeovers_total{outcome=\"won\"}",
+                )
+            })
+            .sum::<u64>()
+            == 1
+    });
+    // Exactly one: the other never wins later.
+    std::thread::sleep(Duration::from_secs(3));
+    let won: Vec<u64> = survivors
+        .iter()
+        .map(|r| {
+            metric(
+                r,
+                "rserpool_registrar_enrp_takeovers_total{outcome=\"won\"}",
+            )
+        })
+        .collect();
+    assert_eq!(won.iter().sum::<u64>(), 1, "{won:?}");
+    assert!(homes.lock().unwrap().iter().all(|(id, _)| *id == new_home));
+    let winner = if won[0] == 1 { &r2 } else { &r3 };
+    assert!([RegistrarId(0x1002), RegistrarId(0x1003)].contains(&new_home));
+    wait_for(
+        "the winner's keep-alive answered",
+        Duration::from_secs(30),
+        || metric(winner, "rserpool_registrar_keep_alives_acked_total") >= 1,
+    );
+    for r in survivors {
+        assert_eq!(resolve(r), vec![0x77], "the PE stays resolvable");
+        assert!(metrics(r).contains(&format!("home=\"{new_home}\"")));
+    }
+}
+
+/// The PEs per home registrar with their checksums, as a registrar's metrics list them.
+fn by_home(r: &Registrar) -> Vec<String> {
+    let mut v: Vec<String> = metrics(r)
+        .lines()
+        .filter(|l| l.starts_with("rserpool_registrar_enrp_pool_elements_by_home{"))
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn hundred_pes_converge_and_a_restarted_registrar_resynchronises() {
+    let r1 = start(0x2001, None);
+    let r2 = start(0x2002, Some(r1.enrp));
+    let r3 = start(0x2003, Some(r1.enrp));
+    std::env::set_var(
+        "ENRP_TEST_METRICS",
+        format!("{},{},{}", r1.metrics, r2.metrics, r3.metrics),
+    );
+    wait_for("three peers each", Duration::from_secs(60), || {
+        [&r1, &r2, &r3]
+            .iter()
+            .all(|r| metric(r, "rserpool_registrar_enrp_peers") == 2)
+    });
+    // 100 PEs across the three, 10 associations of 3 or 4 PEs each per registrar.
+    let mut _pes = Vec::new();
+    for (i, r) in [&r1, &r2, &r3].into_iter().enumerate() {
+        let ids: Vec<u32> = (1..=100u32).filter(|id| (*id as usize) % 3 == i).collect();
+        for chunk in ids.chunks(4) {
+            _pes.push(pes(r, chunk));
+        }
+    }
+    let all = [&r1, &r2, &r3];
+    wait_for(
+        "100 PEs at every registrar",
+        Duration::from_secs(60),
+        || {
+            all.iter()
+                .all(|r| metric(r, "rserpool_registrar_pool_elements") == 100)
+        },
+    );
+    wait_for(
+        "equal checksums everywhere",
+        Duration::from_secs(30),
+        || {
+            let h = by_home(&r1);
+            h.len() == 3 && by_home(&r2) == h && by_home(&r3) == h
+        },
+    );
+    for r in all {
+        let mut ids = resolve_n(r, Some(0xffff_ffff));
+        ids.sort();
+        assert_eq!(
+            ids,
+            (1..=100).collect::<Vec<_>>(),
+            "every registrar resolves every PE"
+        );
+    }
+    // kill -9 r3: its PEs move to one survivor, and follow it (they answer the H=1 keep-alive).
+    let mut r3 = r3;
+    r3.child.kill().unwrap();
+    let _ = r3.child.wait();
+    wait_for("the takeover of r3", Duration::from_secs(60), || {
+        [&r1, &r2]
+            .iter()
+            .map(|r| {
+                metric(
+                    r,
+                    "rserpool_registrar_enrp_takeovers_total{outcome=\"won\"}",
+                )
+            })
+            .sum::<u64>()
+            == 1
+    });
+    wait_for("every PE adopted", Duration::from_secs(30), || {
+        [&r1, &r2]
+            .iter()
+            .map(|r| metric(r, "rserpool_registrar_pool_elements_adopted_total"))
+            .sum::<u64>()
+            == 33
+    });
+    // The killed registrar comes back (same ID) and takes the table from its mentor.
+    let r3 = start_with(0x2003, Some(r1.enrp), &[]);
+    wait_for(
+        "the restarted registrar to hold every PE",
+        Duration::from_secs(60),
+        || metric(&r3, "rserpool_registrar_pool_elements") == 100,
+    );
+    wait_for(
+        "equal checksums after the restart",
+        Duration::from_secs(30),
+        || {
+            let h = by_home(&r1);
+            h.len() == 2 && by_home(&r2) == h && by_home(&r3) == h
+        },
+    );
+    let mut ids = resolve_n(&r3, Some(0xffff_ffff));
+    ids.sort();
+    assert_eq!(ids, (1..=100).collect::<Vec<_>>());
+}
