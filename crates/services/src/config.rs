@@ -77,6 +77,14 @@ pub enum ConfigError {
     /// A cookie key file is unusable.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// A setting is outside what it allows.
+    #[error("invalid setting {key}: {reason}")]
+    Invalid {
+        /// The TOML key, e.g. `calcapp.capacity`.
+        key: &'static str,
+        /// What it must be.
+        reason: &'static str,
+    },
 }
 
 /// Settings of every service, pool-element and pool-user side (TOML: `[cookie]`, `[pingpong]`,
@@ -101,8 +109,73 @@ pub struct ServiceConfig {
 }
 
 impl ServiceConfig {
-    /// The pool-element side of `kind`, with the cookie seal from [`CookieConfig`].
+    /// Checks every setting; the error names the first bad one by its TOML key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let checks: [(bool, &'static str, &'static str); 12] = [
+            (
+                self.calcapp.capacity.is_finite() && self.calcapp.capacity > 0.0,
+                "calcapp.capacity",
+                "a positive number of calculations per second",
+            ),
+            (self.calcapp.max_jobs >= 1, "calcapp.max_jobs", "at least 1"),
+            (
+                self.calcapp.keep_alive_interval >= Duration::from_millis(100),
+                "calcapp.keep_alive_interval",
+                "at least 100ms",
+            ),
+            (
+                !self.calcapp.keep_alive_timeout.is_zero(),
+                "calcapp.keep_alive_timeout",
+                "more than 0",
+            ),
+            (
+                self.calcapp.cookie_max_calculations.is_finite()
+                    && self.calcapp.cookie_max_calculations > 0.0,
+                "calcapp.cookie_max_calculations",
+                "a positive number",
+            ),
+            (
+                (1..=usize::from(u16::MAX)).contains(&self.chargen.message_size),
+                "chargen.message_size",
+                "1 to 65535 bytes",
+            ),
+            (self.chargen.burst >= 1, "chargen.burst", "at least 1"),
+            (
+                !self.pingpong_client.interval.is_zero(),
+                "pingpong_client.interval",
+                "more than 0",
+            ),
+            (
+                self.pingpong_client.max_outstanding >= 1,
+                "pingpong_client.max_outstanding",
+                "at least 1",
+            ),
+            (
+                self.calcapp_client.job_size.is_finite() && self.calcapp_client.job_size >= 1.0,
+                "calcapp_client.job_size",
+                "at least 1 calculation",
+            ),
+            (
+                !self.cookie.lifetime.is_zero(),
+                "cookie.lifetime",
+                "more than 0",
+            ),
+            (
+                self.cookie.max_size >= crate::cookie::SIGNED_OVERHEAD + 20,
+                "cookie.max_size",
+                "at least 88 bytes (a signed CalcApp cookie)",
+            ),
+        ];
+        match checks.into_iter().find(|c| !c.0) {
+            Some((_, key, reason)) => Err(ConfigError::Invalid { key, reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// The pool-element side of `kind`, with the cookie seal from [`CookieConfig`]; checks the
+    /// settings first ([`validate`](Self::validate)).
     pub fn server(&self, kind: ServiceKind) -> Result<Box<dyn ServerService>, ConfigError> {
+        self.validate()?;
         Ok(self.server_with_seal(kind, self.cookie.seal()?))
     }
 

@@ -219,3 +219,28 @@ fn toml_configuration_with_a_key_file() {
     ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn invalid_settings_are_named() {
+    for (text, key) in [
+        ("[calcapp]\ncapacity = 0.0\n", "calcapp.capacity"),
+        ("[calcapp]\nmax_jobs = 0\n", "calcapp.max_jobs"),
+        (
+            "[calcapp]\nkeep_alive_interval = \"50ms\"\n",
+            "calcapp.keep_alive_interval",
+        ),
+        ("[chargen]\nmessage_size = 70000\n", "chargen.message_size"),
+        (
+            "[pingpong_client]\ninterval = \"0s\"\n",
+            "pingpong_client.interval",
+        ),
+        ("[cookie]\nmax_size = 16\n", "cookie.max_size"),
+    ] {
+        let config: ServiceConfig = toml::from_str(text).unwrap();
+        match config.server(ServiceKind::CalcApp) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    ServiceConfig::default().validate().unwrap();
+}

@@ -74,8 +74,9 @@ while [ -z "$VICTIM" ]; do
     sleep 0.2
     for n in $(sed -n 's/^Job #\([0-9]*\) accepted$/\1/p' "$W/ca-pu.log"); do
         for i in 1 2; do
-            size=$(sed -n "s|^Job [0-9]*/$n of size \([0-9]*\) accepted$|\1|p" "$W/ca-pe$i.log" | head -n1)
-            if [ -n "$size" ] && [ "$size" -ge 1000000 ] && ! grep -q "^Job [0-9]*/$n is complete" "$W/ca-pe$i.log"; then
+            # RSPLIB prints the size as a C++ double: 1M and more in exponent form (1.2e+06).
+            if grep -q "^Job [0-9]*/$n of size [0-9.]*e+0[6-9] accepted$" "$W/ca-pe$i.log" &&
+                ! grep -q "^Job [0-9]*/$n is complete" "$W/ca-pe$i.log"; then
                 JOB=$n; eval "VICTIM=\$CA_PE$i"; break 2
             fi
         done
