@@ -801,6 +801,9 @@ pub struct CalcAppClientConfig {
     pub reject_retry_delay: Duration,
     /// Seed of the job generator (same seed, same jobs).
     pub seed: u64,
+    /// Jobs waiting in the queue at most; a job generated or submitted beyond is dropped and
+    /// reported (RSPLIB's queue grows without bound when the pool is slower than the arrivals).
+    pub max_queued_jobs: usize,
 }
 
 impl Default for CalcAppClientConfig {
@@ -814,6 +817,7 @@ impl Default for CalcAppClientConfig {
             keep_alive_timeout: Duration::from_secs(5),
             reject_retry_delay: Duration::from_secs(1),
             seed: 1,
+            max_queued_jobs: 1000,
         }
     }
 }
@@ -857,6 +861,8 @@ pub struct CalcAppClientCounters {
     pub failovers: u64,
     /// Keep-alives sent.
     pub keep_alives: u64,
+    /// Jobs dropped because the queue was full.
+    pub dropped: u64,
 }
 
 /// The CalcApp pool user (RSPLIB `calcappclient`): jobs from a queue, one at a time on the
@@ -903,8 +909,15 @@ impl CalcAppClient {
         self.counters
     }
 
-    /// Queues a job of `job_size` calculations; returns its job identifier.
-    pub fn submit(&mut self, now: Now, job_size: u64) -> u32 {
+    /// Queues a job of `job_size` calculations; returns its job identifier, or `None` when the
+    /// queue is full (`max_queued_jobs`).
+    pub fn submit(&mut self, now: Now, job_size: u64) -> Option<u32> {
+        if self.queue.len() >= self.config.max_queued_jobs {
+            self.counters.dropped += 1;
+            self.out
+                .push_back(ClientOutput::Report(ClientReport::JobDropped { job_size }));
+            return None;
+        }
         let job_id = self.next_job_id;
         self.next_job_id = self.next_job_id.wrapping_add(1).max(1);
         self.queue.push_back((job_id, job_size.max(1)));
@@ -917,7 +930,7 @@ impl CalcAppClient {
         if self.started {
             self.next_job(now);
         }
-        job_id
+        Some(job_id)
     }
 
     /// A uniform number in (0, 1] (splitmix64).

@@ -572,3 +572,31 @@ fn signed_calcapp_cookies_resume_and_refuse_tampering() {
     );
     assert_eq!(pe.jobs().count(), 0);
 }
+
+#[test]
+fn the_job_queue_is_bounded() {
+    use rserpool_services::{ClientOutput, ClientService};
+    let mut pu = CalcAppClient::new(CalcAppClientConfig {
+        job_interval: None,
+        max_queued_jobs: 2,
+        ..Default::default()
+    });
+    let now = t(0.0);
+    assert_eq!(pu.submit(now, 10), Some(1));
+    assert_eq!(pu.submit(now, 10), Some(2));
+    assert_eq!(pu.submit(now, 10), None);
+    assert_eq!(pu.counters().dropped, 1);
+    pu.start(now); // job 1 leaves the queue: room for one more
+    assert_eq!(pu.submit(now, 10), Some(3));
+    let outputs: Vec<_> = std::iter::from_fn(|| pu.poll_output()).collect();
+    assert!(
+        outputs.contains(&ClientOutput::Report(ClientReport::JobDropped {
+            job_size: 10
+        }))
+    );
+    let requests = outputs
+        .iter()
+        .filter(|o| matches!(o, ClientOutput::Send { .. }))
+        .count();
+    assert_eq!(requests, 1, "one job at a time");
+}

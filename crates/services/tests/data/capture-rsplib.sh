@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Records real RSPLIB PingPong and CalcApp traffic (with cookies and cookie echoes after a
 # failover) into pingpong-rsplib.pcap and calcapp-rsplib.pcap beside this script.
-# Needs kernel SCTP and RSPLIB (rsplib-registrar, rsplib-services, tcpdump); on a host without
+# Needs kernel SCTP and RSPLIB (rsplib-registrar, rsplib-services, tcpdump, tshark); on a host without
 # SCTP run it in the SCTP VM:  ../shared/sctp-vm/run -- crates/services/tests/data/capture-rsplib.sh
 set -euo pipefail
 OUT=$(cd "$(dirname "$0")" && pwd)
@@ -91,6 +91,8 @@ kill -TERM $PU || true
 stop_capture
 say "CalcApp PEs:"; grep -h -E "accepted|complete|rejected" "$W"/ca-pe*.log | head -20
 
-cp "$W/pingpong.pcap" "$OUT/pingpong-rsplib.pcap"
-cp "$W/calcapp.pcap" "$OUT/calcapp-rsplib.pcap"
+# Keep only the frames with PingPong or CalcApp messages, ASAP_COOKIE or ASAP_COOKIE_ECHO.
+KEEP='sctp.data_payload_proto_id == 33 || sctp.data_payload_proto_id == 34 || asap.message_type == 0x0b || asap.message_type == 0x0c'
+tshark -r "$W/pingpong.pcap" -Y "$KEEP" -F pcap -w "$OUT/pingpong-rsplib.pcap"
+tshark -r "$W/calcapp.pcap" -Y "$KEEP" -F pcap -w "$OUT/calcapp-rsplib.pcap"
 ls -l "$OUT"/*.pcap
