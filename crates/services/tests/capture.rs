@@ -227,7 +227,8 @@ fn our_pingpong_pe_answers_rsplib_client_byte_for_byte_like_rsplib_pe() {
     let now = Now::from_monotonic(Duration::ZERO);
     let mut pe = PingPongServer::new(PingPongServerConfig::default());
     // Per association (PU port, PE port): our session and what it sent, in order.
-    let mut sessions: HashMap<(u16, u16), (SessionId, VecDeque<(u32, Vec<u8>)>)> = HashMap::new();
+    type Sent = VecDeque<(u32, Vec<u8>)>;
+    let mut sessions: HashMap<(u16, u16), (SessionId, Sent)> = HashMap::new();
     let (mut pongs, mut cookies, mut echoes) = (0, 0, 0);
     for m in sctp_messages(file) {
         let asap = (m.ppid == PPID_ASAP)
