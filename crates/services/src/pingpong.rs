@@ -683,7 +683,7 @@ impl ClientService for PingPongClient {
             self.counters.resent += 1;
         }
         if !self.finished && self.next_ping_at.is_none() {
-            self.next_ping_at = Some(now.monotonic + self.config.interval);
+            self.next_ping_at = Some(now.monotonic.saturating_add(self.config.interval));
         }
     }
 
@@ -695,7 +695,7 @@ impl ClientService for PingPongClient {
             .then(|| {
                 self.outstanding
                     .values()
-                    .map(|o| o.sent_at + self.config.reply_timeout)
+                    .map(|o| o.sent_at.saturating_add(self.config.reply_timeout))
                     .min()
             })
             .flatten();
@@ -713,7 +713,7 @@ impl ClientService for PingPongClient {
             && self
                 .outstanding
                 .values()
-                .any(|o| now.monotonic >= o.sent_at + self.config.reply_timeout)
+                .any(|o| now.monotonic >= o.sent_at.saturating_add(self.config.reply_timeout))
         {
             self.failing_over = true;
             self.out
@@ -724,7 +724,7 @@ impl ClientService for PingPongClient {
                 if self.may_send_more() {
                     self.send_ping(now);
                 }
-                self.next_ping_at = Some(now.monotonic + self.config.interval);
+                self.next_ping_at = Some(now.monotonic.saturating_add(self.config.interval));
             }
         }
     }

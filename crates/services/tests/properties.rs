@@ -196,3 +196,56 @@ fn collect(
     }
     Ok(())
 }
+
+/// Settings at their extremes (durations of `Duration::MAX`, a huge capacity) give far timers,
+/// not overflow panics.
+#[test]
+fn extreme_settings_do_not_overflow() {
+    use rserpool_services::calcapp::{CalcAppClient, CalcAppClientConfig};
+    use rserpool_services::pingpong::{PingPongClient, PingPongClientConfig};
+    use rserpool_services::ClientService;
+    let late = Now::new(
+        Duration::from_secs(u64::MAX / 2),
+        Duration::from_secs(u64::MAX / 2),
+    );
+    let mut pe = CalcAppServer::new(CalcAppServerConfig {
+        capacity: f64::MAX,
+        keep_alive_interval: Duration::MAX,
+        keep_alive_timeout: Duration::MAX,
+        cookie_max_time: Duration::MAX,
+        cookie_max_calculations: f64::MAX,
+        ..Default::default()
+    });
+    pe.open_session(late, SessionId(1), SessionInfo::default());
+    pe.handle_message(
+        late,
+        SessionId(1),
+        PPID_CALCAPP,
+        0,
+        &msg(CalcAppType::Request, 1, u64::MAX),
+    )
+    .unwrap();
+    pe.handle_timeout(late.advance(Duration::MAX));
+    while pe.poll_output().is_some() {}
+    let mut pu = PingPongClient::new(PingPongClientConfig {
+        interval: Duration::MAX,
+        reply_timeout: Duration::MAX,
+        ..Default::default()
+    });
+    pu.start(late);
+    pu.handle_timeout(late.advance(Duration::MAX));
+    pu.failover_complete(late, true);
+    let mut ca = CalcAppClient::new(CalcAppClientConfig {
+        job_interval: Some(Duration::MAX),
+        job_size: f64::MAX,
+        keep_alive_interval: Duration::MAX,
+        keep_alive_timeout: Duration::MAX,
+        reject_retry_delay: Duration::MAX,
+        ..Default::default()
+    });
+    ca.start(late);
+    ca.submit(late, u64::MAX);
+    ca.handle_timeout(late.advance(Duration::MAX));
+    ca.failover_complete(late, false);
+    while ca.poll_output().is_some() {}
+}
