@@ -291,3 +291,85 @@ fn our_pingpong_pe_answers_rsplib_client_byte_for_byte_like_rsplib_pe() {
     );
     assert!(sessions.len() >= 2, "several sessions (failovers)");
 }
+
+/// Our CalcApp PE, fed what RSPLIB's calcappclient sent (Requests, keep-alives, the COOKIE_ECHO
+/// after the failover), answers Accept, Reject and KeepAliveAck with exactly RSPLIB's bytes.
+/// (Completion times and cookie contents depend on the clock and are checked in calcapp.rs.)
+#[test]
+fn our_calcapp_pe_answers_rsplib_client_like_rsplib_pe() {
+    use rserpool_services::calcapp::{CalcAppServer, CalcAppServerConfig};
+    let file = include_bytes!("data/calcapp-rsplib.pcap");
+    let codec = Codec::default();
+    let now = Now::from_monotonic(Duration::ZERO);
+    // As captured: rspserver -calcapp -capmaxjobs=4.
+    let mut pe = CalcAppServer::new(CalcAppServerConfig {
+        max_jobs: 4,
+        ..Default::default()
+    });
+    type Answers = HashMap<u8, VecDeque<Vec<u8>>>;
+    let mut sessions: HashMap<(u16, u16), (SessionId, Answers)> = HashMap::new();
+    let (mut compared, mut echoes) = (0, 0);
+    for m in sctp_messages(file) {
+        let asap = (m.ppid == PPID_ASAP)
+            .then(|| codec.decode::<AsapMessage>(&m.bytes).ok())
+            .flatten()
+            .map(|d| d.message);
+        let calcapp = (m.ppid == PPID_CALCAPP).then(|| CalcAppMessage::decode(&m.bytes).unwrap());
+        // An association starts with the PU's Request or COOKIE_ECHO: it is keyed by (PU port,
+        // PE port) from then on, which tells the direction of the keep-alives and their acks.
+        let forward = (m.source_port, m.destination_port);
+        let from_pu = match (&asap, &calcapp) {
+            (Some(AsapMessage::CookieEcho(_)), _) => true,
+            (_, Some(c)) if c.kind == CalcAppType::Request => true,
+            (_, Some(_)) => sessions.contains_key(&forward),
+            _ => continue,
+        };
+        let key = if from_pu {
+            forward
+        } else {
+            (m.destination_port, m.source_port)
+        };
+        let next_id = SessionId(sessions.len() as u64 + 1);
+        let (session, answers) = sessions.entry(key).or_insert_with(|| {
+            pe.open_session(now, next_id, SessionInfo::default());
+            (next_id, HashMap::new())
+        });
+        if from_pu {
+            match asap {
+                Some(AsapMessage::CookieEcho(echo)) => {
+                    echoes += 1;
+                    pe.handle_cookie_echo(now, *session, &echo.cookie).unwrap();
+                }
+                _ => {
+                    let _ = pe.handle_message(now, *session, PPID_CALCAPP, 0, &m.bytes);
+                }
+            }
+            while let Some(o) = pe.poll_output() {
+                if let ServerOutput::Send { data, .. } = o {
+                    answers.entry(data[0]).or_default().push_back(data);
+                }
+            }
+        } else if let Some(c) = calcapp {
+            match c.kind {
+                CalcAppType::Accept | CalcAppType::Reject | CalcAppType::KeepAliveAck => {
+                    let ours = answers
+                        .get_mut(&(c.kind as u8))
+                        .and_then(|q| q.pop_front())
+                        .unwrap_or_else(|| panic!("frame {}: we would not send {c}", m.frame));
+                    assert_eq!(ours, m.bytes, "frame {}", m.frame);
+                    compared += 1;
+                }
+                CalcAppType::Complete => {
+                    // The job is done at RSPLIB's PE; calcappclient closes the association.
+                    pe.close_session(now, *session);
+                    while pe.poll_output().is_some() {}
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        compared >= 20 && echoes >= 1,
+        "{compared} answers compared, {echoes} echoes"
+    );
+}
