@@ -240,7 +240,7 @@ impl CalcAppCookie {
 
 /// Settings of the CalcApp pool element (RSPLIB's `-cap*` options).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CalcAppServerConfig {
     /// Calculations per second shared among running jobs (`-capcapacity`, 1 000 000).
     pub capacity: f64,
@@ -777,7 +777,7 @@ impl ServerService for CalcAppServer {
 
 /// Settings of the CalcApp pool user (RSPLIB `calcappclient` options).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CalcAppClientConfig {
     /// Mean time between new jobs, exponentially distributed (`-jobinterval`, 15 s); `None`:
     /// jobs only from [`CalcAppClient::submit`].

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// How PingPong and CalcApp seal their cookies (TOML table `[cookie]`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CookieConfig {
     /// File with the pool-wide key (hex text or raw bytes, at least 16 bytes). Unset: plain
     /// RSPLIB cookies, unsigned.
@@ -80,7 +80,7 @@ pub enum ConfigError {
     /// A setting is outside what it allows.
     #[error("invalid setting {key}: {reason}")]
     Invalid {
-        /// The TOML key, e.g. `calcapp.capacity`.
+        /// The TOML key, e.g. `calcapp.max-jobs`.
         key: &'static str,
         /// What it must be.
         reason: &'static str,
@@ -88,9 +88,9 @@ pub enum ConfigError {
 }
 
 /// Settings of every service, pool-element and pool-user side (TOML: `[cookie]`, `[pingpong]`,
-/// `[pingpong_client]`, `[calcapp]`, `[calcapp_client]`, `[daytime]`, `[chargen]`).
+/// `[pingpong-client]`, `[calcapp]`, `[calcapp-client]`, `[daytime]`, `[chargen]`).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServiceConfig {
     /// Cookie sealing for PingPong and CalcApp.
     pub cookie: CookieConfig,
@@ -117,42 +117,42 @@ impl ServiceConfig {
                 "calcapp.capacity",
                 "a positive number of calculations per second",
             ),
-            (self.calcapp.max_jobs >= 1, "calcapp.max_jobs", "at least 1"),
+            (self.calcapp.max_jobs >= 1, "calcapp.max-jobs", "at least 1"),
             (
                 self.calcapp.keep_alive_interval >= Duration::from_millis(100),
-                "calcapp.keep_alive_interval",
+                "calcapp.keep-alive-interval",
                 "at least 100ms",
             ),
             (
                 !self.calcapp.keep_alive_timeout.is_zero(),
-                "calcapp.keep_alive_timeout",
+                "calcapp.keep-alive-timeout",
                 "more than 0",
             ),
             (
                 self.calcapp.cookie_max_calculations.is_finite()
                     && self.calcapp.cookie_max_calculations > 0.0,
-                "calcapp.cookie_max_calculations",
+                "calcapp.cookie-max-calculations",
                 "a positive number",
             ),
             (
                 (1..=usize::from(u16::MAX)).contains(&self.chargen.message_size),
-                "chargen.message_size",
+                "chargen.message-size",
                 "1 to 65535 bytes",
             ),
             (self.chargen.burst >= 1, "chargen.burst", "at least 1"),
             (
                 !self.pingpong_client.interval.is_zero(),
-                "pingpong_client.interval",
+                "pingpong-client.interval",
                 "more than 0",
             ),
             (
                 self.pingpong_client.max_outstanding >= 1,
-                "pingpong_client.max_outstanding",
+                "pingpong-client.max-outstanding",
                 "at least 1",
             ),
             (
                 self.calcapp_client.job_size.is_finite() && self.calcapp_client.job_size >= 1.0,
-                "calcapp_client.job_size",
+                "calcapp-client.job-size",
                 "at least 1 calculation",
             ),
             (
@@ -162,7 +162,7 @@ impl ServiceConfig {
             ),
             (
                 self.cookie.max_size >= crate::cookie::SIGNED_OVERHEAD + 20,
-                "cookie.max_size",
+                "cookie.max-size",
                 "at least 88 bytes (a signed CalcApp cookie)",
             ),
         ];

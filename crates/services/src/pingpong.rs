@@ -199,7 +199,7 @@ impl PingPongCookie {
 
 /// Settings of the PingPong pool element.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PingPongServerConfig {
     /// Abort a session after this many replies, to exercise failover (RSPLIB
     /// `-pppfailureafter`; 0 = never).
@@ -431,7 +431,7 @@ impl ServerService for PingPongServer {
 
 /// Settings of the PingPong pool user.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PingPongClientConfig {
     /// Time between Pings (pingpongclient `-interval`, default 500 ms).
     #[serde(with = "humantime_serde")]

@@ -177,24 +177,24 @@ fn toml_configuration_with_a_key_file() {
     let text = format!(
         r#"
         [cookie]
-        key_file = "{}"
+        key-file = "{}"
         lifetime = "2m"
-        require_binding = true
+        require-binding = true
 
         [pingpong]
-        failure_after = 5
+        failure-after = 5
 
         [calcapp]
         capacity = 2000000.0
-        max_jobs = 4
-        keep_alive_interval = "1s 500ms"
+        max-jobs = 4
+        keep-alive-interval = "1s 500ms"
 
-        [pingpong_client]
+        [pingpong-client]
         interval = "100ms"
         count = 10
 
-        [calcapp_client]
-        job_interval = "3s"
+        [calcapp-client]
+        job-interval = "3s"
         "#,
         key.display()
     );
@@ -224,17 +224,17 @@ fn toml_configuration_with_a_key_file() {
 fn invalid_settings_are_named() {
     for (text, key) in [
         ("[calcapp]\ncapacity = 0.0\n", "calcapp.capacity"),
-        ("[calcapp]\nmax_jobs = 0\n", "calcapp.max_jobs"),
+        ("[calcapp]\nmax-jobs = 0\n", "calcapp.max-jobs"),
         (
-            "[calcapp]\nkeep_alive_interval = \"50ms\"\n",
-            "calcapp.keep_alive_interval",
+            "[calcapp]\nkeep-alive-interval = \"50ms\"\n",
+            "calcapp.keep-alive-interval",
         ),
-        ("[chargen]\nmessage_size = 70000\n", "chargen.message_size"),
+        ("[chargen]\nmessage-size = 70000\n", "chargen.message-size"),
         (
-            "[pingpong_client]\ninterval = \"0s\"\n",
-            "pingpong_client.interval",
+            "[pingpong-client]\ninterval = \"0s\"\n",
+            "pingpong-client.interval",
         ),
-        ("[cookie]\nmax_size = 16\n", "cookie.max_size"),
+        ("[cookie]\nmax-size = 16\n", "cookie.max-size"),
     ] {
         let config: ServiceConfig = toml::from_str(text).unwrap();
         match config.server(ServiceKind::CalcApp) {
@@ -243,4 +243,14 @@ fn invalid_settings_are_named() {
         }
     }
     ServiceConfig::default().validate().unwrap();
+}
+
+/// The TOML block of docs/services.md parses and gives exactly the defaults.
+#[test]
+fn documented_configuration_is_the_default() {
+    let doc = include_str!("../../../docs/services.md");
+    let start = doc.find("```toml\n").expect("a toml block") + 8;
+    let end = start + doc[start..].find("```").unwrap();
+    let config: ServiceConfig = toml::from_str(&doc[start..end]).unwrap();
+    assert_eq!(config, ServiceConfig::default());
 }
