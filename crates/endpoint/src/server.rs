@@ -1,62 +1,28 @@
 //! The pool element's side of sessions (RFC 5352 §3.8–§3.9) as a sans-IO core: pool users
 //! connect to the PE's user transport; on each association data and the ASAP control channel
 //! (PPID 11) travel together. The core separates the two, hands data and ASAP_COOKIE_ECHO to
-//! the service of that session, sends the service's ASAP_COOKIEs, and sends an
+//! the PE's service, sends the service's ASAP_COOKIEs (the service decides when), and sends an
 //! ASAP_BUSINESS_CARD to each new session when one is configured.
 //!
-//! A service is anything implementing [`SessionService`]: one instance per session, itself
-//! sans-IO (it is given the time and polled for output).
+//! The service is an [`rserpool_services::ServerService`]: one instance for the whole PE,
+//! sessions told apart by the driver's association number.
 
+use rserpool_services::{Now, ServerOutput, ServerReport, ServerService, SessionId, SessionInfo};
 use rserpool_wire::asap::{self, AsapMessage};
-use rserpool_wire::{Codec, CodecConfig, Message, PoolElement, PoolHandle, Protocol};
+use rserpool_wire::{
+    CauseCode, Codec, CodecConfig, ErrorCause, Message, OperationError, PoolElement, PoolHandle,
+    Protocol,
+};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
-
-/// One session of a service at a PE: given the session's input, polled for its output.
-pub trait SessionService: Send {
-    /// The session has just been accepted.
-    fn opened(&mut self, _now: Duration) {}
-    /// A data message from the pool user.
-    fn data(&mut self, now: Duration, ppid: u32, stream: u16, data: &[u8]);
-    /// The pool user echoed a cookie (after a failover): restore the state it carries.
-    fn cookie_echo(&mut self, now: Duration, cookie: &[u8]);
-    /// When [`SessionService::handle_timeout`] must run next.
-    fn poll_timeout(&self) -> Option<Duration> {
-        None
-    }
-    /// Runs what is due.
-    fn handle_timeout(&mut self, _now: Duration) {}
-    /// The next thing the service wants done.
-    fn poll_output(&mut self) -> Option<ServiceOutput>;
-}
-
-/// What a service asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServiceOutput {
-    /// Send data to the pool user.
-    Data {
-        /// PPID.
-        ppid: u32,
-        /// Stream.
-        stream: u16,
-        /// Payload.
-        data: Vec<u8>,
-    },
-    /// Send this state cookie (ASAP_COOKIE, RFC 5352 §2.2.11).
-    Cookie(Vec<u8>),
-    /// End the session gracefully (after what was sent).
-    Close,
-    /// Abort the session (the reason is logged and counted).
-    Abort(String),
-}
 
 /// Settings of the session side of a PE.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Most sessions at once; more associations are refused (aborted) and counted.
     pub max_sessions: usize,
-    /// Largest cookie echo handed to a service; larger ones are answered with an ASAP_ERROR and
-    /// the session is aborted.
+    /// Largest cookie echo handed to the service; a larger one is answered with an ASAP_ERROR
+    /// (Lack of Resources) and the session is aborted.
     pub max_cookie_size: usize,
     /// Codec settings.
     pub codec: CodecConfig,
@@ -93,25 +59,20 @@ pub enum ServerAction {
 }
 
 /// What happened, for logs and metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ServerEvent {
     /// A session was accepted.
     Accepted(u64),
     /// A session was refused: [`ServerConfig::max_sessions`] reached.
     Refused(u64),
-    /// A cookie echo was handed to the session's service.
+    /// A cookie echo was handed to the service.
     CookieEcho {
         /// The session.
         session: u64,
         /// The cookie's size.
         len: usize,
-    },
-    /// The service sent a cookie.
-    CookieSent {
-        /// The session.
-        session: u64,
-        /// Its size.
-        len: usize,
+        /// The service's verdict (`Err`: refused, the text says why).
+        result: Result<(), String>,
     },
     /// A business card was sent.
     BusinessCardSent(u64),
@@ -129,6 +90,10 @@ pub enum ServerEvent {
         /// Why.
         reason: String,
     },
+    /// The service's load changed (0..1): re-register if the policy uses it.
+    Load(f64),
+    /// What the service reports (replies, jobs).
+    Report(ServerReport),
     /// A session ended.
     Ended(u64),
 }
@@ -144,22 +109,24 @@ pub struct ServerStats {
     pub active: u64,
     /// Cookies sent.
     pub cookies_sent: u64,
-    /// Cookie echoes received and handed to a service.
+    /// Cookie echoes handed to the service.
     pub cookie_echoes: u64,
+    /// Cookie echoes the service refused.
+    pub cookie_echoes_refused: u64,
     /// Business cards sent.
     pub business_cards_sent: u64,
     /// Data messages received.
     pub messages_received: u64,
     /// Data messages sent.
     pub messages_sent: u64,
-    /// Sessions aborted for bad input.
+    /// Sessions aborted for bad input on the control channel.
     pub bad_input: u64,
     /// Sessions the service aborted.
     pub service_aborts: u64,
 }
 
+#[derive(Debug, Default)]
 struct Session {
-    service: Box<dyn SessionService>,
     echoed: bool,
 }
 
@@ -167,6 +134,7 @@ struct Session {
 pub struct SessionServer {
     config: ServerConfig,
     codec: Codec,
+    service: Box<dyn ServerService>,
     sessions: HashMap<u64, Session>,
     business_card: Option<(PoolHandle, Vec<PoolElement>)>,
     actions: VecDeque<ServerAction>,
@@ -175,11 +143,12 @@ pub struct SessionServer {
 }
 
 impl SessionServer {
-    /// The session side with no sessions.
-    pub fn new(config: ServerConfig) -> Self {
+    /// The session side of a PE running `service`.
+    pub fn new(config: ServerConfig, service: Box<dyn ServerService>) -> Self {
         SessionServer {
             codec: Codec::new(config.codec),
             config,
+            service,
             sessions: HashMap::new(),
             business_card: None,
             actions: VecDeque::new(),
@@ -198,10 +167,20 @@ impl SessionServer {
         self.sessions.len()
     }
 
+    /// The service's load now (0..1).
+    pub fn load(&self) -> f64 {
+        self.service.load()
+    }
+
     /// The business card sent to new sessions (RFC 5352 §3.9): the pool and the PEs to fail
     /// over to, in order. `None` sends none (RSPLIB sends none).
     pub fn set_business_card(&mut self, card: Option<(PoolHandle, Vec<PoolElement>)>) {
         self.business_card = card;
+    }
+
+    /// Whether actions are waiting.
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
     }
 
     /// The next action for the driver.
@@ -216,31 +195,19 @@ impl SessionServer {
 
     /// When [`SessionServer::handle_timeout`] must run next.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        self.sessions
-            .values()
-            .filter_map(|s| s.service.poll_timeout())
-            .min()
+        self.service.poll_timeout()
     }
 
-    /// Runs what is due in every session.
-    pub fn handle_timeout(&mut self, now: Duration) {
-        let due: Vec<u64> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.service.poll_timeout().is_some_and(|t| t <= now))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in due {
-            if let Some(s) = self.sessions.get_mut(&id) {
-                s.service.handle_timeout(now);
-            }
-            self.drain(id);
-        }
+    /// Runs what is due in the service.
+    pub fn handle_timeout(&mut self, now: Now) {
+        self.service.handle_timeout(now);
+        self.drain(now);
     }
 
-    /// A pool user's association is up: `service` serves it. Returns `false` (and asks for an
+    /// A pool user's association is up. `identity` is what survives a failover (the pool
+    /// user's address without port), for cookies bound to it. Returns `false` (and asks for an
     /// abort) when the session limit is reached.
-    pub fn accept(&mut self, now: Duration, session: u64, service: Box<dyn SessionService>) -> bool {
+    pub fn accept(&mut self, now: Now, session: u64, identity: Option<Vec<u8>>) -> bool {
         if self.sessions.len() >= self.config.max_sessions {
             self.stats.refused += 1;
             self.actions.push_back(ServerAction::Abort(session));
@@ -252,12 +219,11 @@ impl SessionServer {
         self.events.push_back(ServerEvent::Accepted(session));
         if let Some((pool_handle, pes)) = self.business_card.clone() {
             // RFC 5352 §3.9: the PE tells its user where to go should it fail.
-            match self
-                .codec
-                .encode(&AsapMessage::BusinessCard(asap::BusinessCard {
-                    pool_handle,
-                    pool_elements: pes,
-                })) {
+            let card = AsapMessage::BusinessCard(asap::BusinessCard {
+                pool_handle,
+                pool_elements: pes,
+            });
+            match self.codec.encode(&card) {
                 Ok(data) => {
                     self.stats.business_cards_sent += 1;
                     self.events.push_back(ServerEvent::BusinessCardSent(session));
@@ -271,33 +237,51 @@ impl SessionServer {
                 Err(e) => tracing::warn!(error = %e, "cannot encode the business card"),
             }
         }
-        let mut s = Session {
-            service,
-            echoed: false,
-        };
-        s.service.opened(now);
-        self.sessions.insert(session, s);
-        self.drain(session);
+        self.sessions.insert(session, Session::default());
+        self.service
+            .open_session(now, SessionId(session), SessionInfo { identity });
+        self.drain(now);
         true
     }
 
     /// A session's association went down.
-    pub fn closed(&mut self, session: u64) {
+    pub fn closed(&mut self, now: Now, session: u64) {
         if self.sessions.remove(&session).is_some() {
             self.stats.active -= 1;
+            self.service.close_session(now, SessionId(session));
             self.events.push_back(ServerEvent::Ended(session));
+            self.drain(now);
         }
     }
 
+    /// The session's queue was flushed: the service may send more (CharGen).
+    pub fn writable(&mut self, now: Now, session: u64) {
+        if self.sessions.contains_key(&session) {
+            self.service.writable(now, SessionId(session));
+            self.drain(now);
+        }
+    }
+
+    /// The PE is stopping: the service's last words (CalcApp: final cookies).
+    pub fn shutdown(&mut self, now: Now) {
+        self.service.shutdown(now);
+        self.drain(now);
+    }
+
     /// A message on a session's association.
-    pub fn message(&mut self, now: Duration, session: u64, ppid: u32, stream: u16, data: &[u8]) {
-        let Some(s) = self.sessions.get_mut(&session) else {
+    pub fn message(&mut self, now: Now, session: u64, ppid: u32, stream: u16, data: &[u8]) {
+        if !self.sessions.contains_key(&session) {
             return;
-        };
+        }
         if ppid != Protocol::Asap.ppid() {
             self.stats.messages_received += 1;
-            s.service.data(now, ppid, stream, data);
-            self.drain(session);
+            if let Err(e) = self
+                .service
+                .handle_message(now, SessionId(session), ppid, stream, data)
+            {
+                tracing::debug!(session, error = %e, "service refused a message");
+            }
+            self.drain(now);
             return;
         }
         let m = match self.codec.decode::<AsapMessage>(data) {
@@ -306,27 +290,23 @@ impl SessionServer {
                 if let Some(cause) = e.answer_cause(data) {
                     self.send_error(session, cause);
                 }
-                self.bad(session, format!("control channel: {e}"));
+                self.bad(now, session, format!("control channel: {e}"));
                 return;
             }
         };
         match m {
             AsapMessage::CookieEcho(c) => {
                 if c.cookie.len() > self.config.max_cookie_size {
-                    self.send_error(
-                        session,
-                        rserpool_wire::ErrorCause::new(rserpool_wire::CauseCode::LackOfResources),
+                    self.send_error(session, ErrorCause::new(CauseCode::LackOfResources));
+                    let reason = format!(
+                        "cookie echo of {} bytes over the limit of {}",
+                        c.cookie.len(),
+                        self.config.max_cookie_size
                     );
-                    self.bad(
-                        session,
-                        format!(
-                            "cookie echo of {} bytes over the limit of {}",
-                            c.cookie.len(),
-                            self.config.max_cookie_size
-                        ),
-                    );
+                    self.bad(now, session, reason);
                     return;
                 }
+                let s = self.sessions.get_mut(&session).expect("checked above");
                 if s.echoed {
                     // RSPLIB keeps the first echo of a session; a further one is ignored.
                     tracing::debug!(session, "second cookie echo ignored");
@@ -334,12 +314,19 @@ impl SessionServer {
                 }
                 s.echoed = true;
                 self.stats.cookie_echoes += 1;
+                let result = self
+                    .service
+                    .handle_cookie_echo(now, SessionId(session), &c.cookie)
+                    .map_err(|e| e.to_string());
+                if result.is_err() {
+                    self.stats.cookie_echoes_refused += 1;
+                }
                 self.events.push_back(ServerEvent::CookieEcho {
                     session,
                     len: c.cookie.len(),
+                    result,
                 });
-                s.service.cookie_echo(now, &c.cookie);
-                self.drain(session);
+                self.drain(now);
             }
             AsapMessage::BusinessCard(_) => {
                 // A PU may send its own card (RFC 5352 §3.9); a PE has no use for it.
@@ -348,11 +335,11 @@ impl SessionServer {
             other => {
                 // RFC 5352 §2.2.14: tell the sender what cannot be used here.
                 tracing::debug!(session, message = %other.name(), "unexpected on a session");
-                let quoted = data[..data.len().min(rserpool_wire::ErrorCause::MAX_INFO)].to_vec();
+                let quoted = data[..data.len().min(ErrorCause::MAX_INFO)].to_vec();
                 self.send_error(
                     session,
-                    rserpool_wire::ErrorCause {
-                        code: rserpool_wire::CauseCode::UnrecognizedMessage,
+                    ErrorCause {
+                        code: CauseCode::UnrecognizedMessage,
                         info: quoted,
                     },
                 );
@@ -360,9 +347,9 @@ impl SessionServer {
         }
     }
 
-    fn send_error(&mut self, session: u64, cause: rserpool_wire::ErrorCause) {
+    fn send_error(&mut self, session: u64, cause: ErrorCause) {
         let m = AsapMessage::Error(asap::AsapError {
-            error: rserpool_wire::OperationError {
+            error: OperationError {
                 causes: vec![cause],
             },
         });
@@ -376,66 +363,87 @@ impl SessionServer {
         }
     }
 
-    fn bad(&mut self, session: u64, reason: String) {
+    fn bad(&mut self, now: Now, session: u64, reason: String) {
         self.stats.bad_input += 1;
         self.actions.push_back(ServerAction::Abort(session));
         self.events.push_back(ServerEvent::Bad { session, reason });
-        self.closed(session);
+        self.closed(now, session);
     }
 
-    /// Moves what the session's service produced into actions.
-    fn drain(&mut self, session: u64) {
-        loop {
-            let Some(s) = self.sessions.get_mut(&session) else {
-                return;
-            };
-            let Some(out) = s.service.poll_output() else {
-                return;
-            };
+    /// Moves what the service produced into actions and events.
+    fn drain(&mut self, now: Now) {
+        let mut ended = Vec::new();
+        while let Some(out) = self.service.poll_output() {
             match out {
-                ServiceOutput::Data { ppid, stream, data } => {
+                ServerOutput::Send {
+                    session,
+                    ppid,
+                    stream,
+                    data,
+                } if self.sessions.contains_key(&session.0) => {
                     self.stats.messages_sent += 1;
                     self.actions.push_back(ServerAction::Transmit {
-                        session,
+                        session: session.0,
                         ppid,
                         stream,
                         data,
                     });
                 }
-                ServiceOutput::Cookie(cookie) => {
-                    let len = cookie.len();
+                ServerOutput::Cookie { session, cookie }
+                    if self.sessions.contains_key(&session.0) =>
+                {
                     match self
                         .codec
                         .encode(&AsapMessage::Cookie(asap::Cookie { cookie }))
                     {
                         Ok(data) => {
                             self.stats.cookies_sent += 1;
-                            self.events
-                                .push_back(ServerEvent::CookieSent { session, len });
                             self.actions.push_back(ServerAction::Transmit {
-                                session,
+                                session: session.0,
                                 ppid: Protocol::Asap.ppid(),
                                 stream: 0,
                                 data,
                             });
                         }
-                        Err(e) => tracing::warn!(session, error = %e, "cannot encode a cookie"),
+                        Err(e) => {
+                            tracing::warn!(%session, error = %e, "cannot encode a cookie")
+                        }
                     }
                 }
-                ServiceOutput::Close => {
-                    self.actions.push_back(ServerAction::Close(session));
-                    self.closed(session);
-                    return;
+                ServerOutput::Shutdown { session } if self.sessions.contains_key(&session.0) => {
+                    self.actions.push_back(ServerAction::Close(session.0));
+                    ended.push(session.0);
                 }
-                ServiceOutput::Abort(reason) => {
+                ServerOutput::Abort { session, reason }
+                    if self.sessions.contains_key(&session.0) =>
+                {
                     self.stats.service_aborts += 1;
-                    self.actions.push_back(ServerAction::Abort(session));
-                    self.events
-                        .push_back(ServerEvent::ServiceAborted { session, reason });
-                    self.closed(session);
-                    return;
+                    self.actions.push_back(ServerAction::Abort(session.0));
+                    self.events.push_back(ServerEvent::ServiceAborted {
+                        session: session.0,
+                        reason: reason.to_string(),
+                    });
+                    ended.push(session.0);
                 }
+                ServerOutput::Load(l) => self.events.push_back(ServerEvent::Load(l)),
+                ServerOutput::Report(r) => self.events.push_back(ServerEvent::Report(r)),
+                // Output for a session already gone, or a kind this layer does not know.
+                _ => {}
             }
+        }
+        for s in ended {
+            self.closed_after_output(now, s);
+        }
+    }
+
+    /// The service asked to end a session: forget it (and tell the service, as its contract
+    /// asks), without draining again from inside the drain loop.
+    fn closed_after_output(&mut self, now: Now, session: u64) {
+        if self.sessions.remove(&session).is_some() {
+            self.stats.active -= 1;
+            self.events.push_back(ServerEvent::Ended(session));
+            // Outputs of close_session are picked up by the next drain.
+            self.service.close_session(now, SessionId(session));
         }
     }
 }

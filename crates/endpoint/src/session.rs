@@ -84,6 +84,8 @@ pub enum FailoverReason {
     ConnectFailed(String),
     /// The application asked for it ([`PoolUserSession::failover`]).
     Requested,
+    /// The PE refused the work (CalcApp Reject): another PE is tried, nobody is reported.
+    Rejected,
     /// The PE sent something on the control channel that cannot be decoded.
     ProtocolError(String),
 }
@@ -97,6 +99,7 @@ impl FailoverReason {
             FailoverReason::NoAnswer => "no_answer",
             FailoverReason::ConnectFailed(_) => "connect_failed",
             FailoverReason::Requested => "requested",
+            FailoverReason::Rejected => "rejected",
             FailoverReason::ProtocolError(_) => "protocol_error",
         }
     }
@@ -104,7 +107,7 @@ impl FailoverReason {
     /// Whether the PE is to be reported unreachable (RFC 5352 §3.5): it failed, rather than
     /// being left on request.
     pub fn pe_failed(&self) -> bool {
-        !matches!(self, FailoverReason::Requested)
+        !matches!(self, FailoverReason::Requested | FailoverReason::Rejected)
     }
 }
 
@@ -115,6 +118,7 @@ impl fmt::Display for FailoverReason {
             FailoverReason::NoAnswer => f.write_str("no answer in time"),
             FailoverReason::ConnectFailed(r) => write!(f, "connect failed ({r})"),
             FailoverReason::Requested => f.write_str("requested"),
+            FailoverReason::Rejected => f.write_str("rejected by the PE"),
             FailoverReason::ProtocolError(r) => write!(f, "protocol error ({r})"),
         }
     }
@@ -282,6 +286,16 @@ pub enum SessionEvent {
     /// [`PoolUserSession::failover`] (or close).
     FailoverNecessary {
         /// The PE that failed.
+        from: PoolElementId,
+        /// Why.
+        reason: FailoverReason,
+        /// Whether a cookie will be echoed.
+        has_cookie: bool,
+    },
+    /// The PE failed (or was left on request) and the session is moving to another one
+    /// (automatic failover). Data sent until [`SessionEvent::Failover`] is held.
+    FailoverStarted {
+        /// The PE left.
         from: PoolElementId,
         /// Why.
         reason: FailoverReason,
@@ -502,11 +516,24 @@ impl PoolUserSession {
     /// Leaves the current PE for another one now (RSPLIB's `rsp_forcefailover`). In manual mode
     /// this continues a failover the session reported as necessary.
     pub fn failover(&mut self, now: Duration) {
+        self.failover_because(now, FailoverReason::Requested)
+    }
+
+    /// Leaves the current PE because the application found it failing (no answer, a broken
+    /// protocol): like [`PoolUserSession::failover`], but the reason is recorded and, unless it
+    /// is [`FailoverReason::Requested`], the PE is reported unreachable.
+    pub fn failover_because(&mut self, now: Duration, reason: FailoverReason) {
         match &self.state {
             State::FailoverPending => self.select_next(now),
-            State::Bound { .. } => self.fail(now, FailoverReason::Requested),
+            State::Bound { .. } => self.fail(now, reason),
             _ => {}
         }
+    }
+
+    /// Forgets the stored cookie: the state it holds is finished (a CalcApp job completed), so a
+    /// later failover must not resume it.
+    pub fn clear_cookie(&mut self) {
+        self.cookie = None;
     }
 
     /// Ends the session: closes the association gracefully.
@@ -804,7 +831,12 @@ impl PoolUserSession {
             attempts: 0,
             tried,
         });
-        if self.config.auto_failover || reason == FailoverReason::Requested {
+        if self.config.auto_failover || !reason.pe_failed() {
+            self.events.push_back(SessionEvent::FailoverStarted {
+                from,
+                reason,
+                has_cookie: self.cookie.is_some(),
+            });
             self.select_next(now);
         } else {
             self.state = State::FailoverPending;

@@ -5,8 +5,10 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
-use rserpool_endpoint::server::{
-    ServerAction, ServerConfig, ServerEvent, ServiceOutput, SessionServer, SessionService,
+use rserpool_endpoint::server::{ServerAction, ServerConfig, ServerEvent, SessionServer};
+use rserpool_services::{
+    AbortReason, CookieRefused, Now, ServerOutput, ServerService, ServiceKind, SessionId,
+    SessionInfo,
 };
 use rserpool_endpoint::session::{
     CandidateSource, FailoverReason, Outcome, PoolUserSession, SessionAction, SessionConfig,
@@ -145,9 +147,12 @@ fn failover_echoes_the_last_cookie_before_any_data() {
         }
     );
     let ev = events(&mut s);
-    let [SessionEvent::Failover(f)] = &ev[..] else {
-        panic!("one failover notification: {ev:?}");
+    let [SessionEvent::FailoverStarted { from, has_cookie: true, .. }, SessionEvent::Failover(f)] =
+        &ev[..]
+    else {
+        panic!("one failover started, one completed: {ev:?}");
     };
+    assert_eq!(*from, PoolElementId(1));
     assert_eq!(f.from, PoolElementId(1));
     assert_eq!(f.to, PoolElementId(2));
     assert!(f.with_cookie);
@@ -253,7 +258,7 @@ fn a_business_card_is_preferred_to_the_resolution() {
     );
     s.connected(6 * MS);
     let ev = events(&mut s);
-    let [SessionEvent::Failover(f)] = &ev[..] else {
+    let [SessionEvent::FailoverStarted { .. }, SessionEvent::Failover(f)] = &ev[..] else {
         panic!("{ev:?}");
     };
     assert_eq!((f.from, f.to, f.with_cookie), (PoolElementId(1), PoolElementId(8), false));
@@ -325,40 +330,80 @@ fn a_pe_that_answers_garbage_is_left_and_a_huge_cookie_is_refused() {
     assert_eq!(s.stats().protocol_errors, 1);
 }
 
-/// A service that answers each message and sends a cookie holding how many it answered;
-/// a cookie echo restores the count.
+/// A service that answers each message and sends a cookie holding how many it answered in
+/// that session; a cookie echo restores the count.
+#[derive(Debug, Default)]
 struct Counter {
-    n: u64,
-    out: VecDeque<ServiceOutput>,
+    n: std::collections::HashMap<SessionId, u64>,
+    out: VecDeque<ServerOutput>,
 }
 
-impl SessionService for Counter {
-    fn data(&mut self, _now: Duration, ppid: u32, stream: u16, _data: &[u8]) {
-        self.n += 1;
-        self.out.push_back(ServiceOutput::Data {
+impl ServerService for Counter {
+    fn kind(&self) -> ServiceKind {
+        ServiceKind::Echo
+    }
+    fn open_session(&mut self, _now: Now, s: SessionId, _info: SessionInfo) {
+        self.n.insert(s, 0);
+    }
+    fn handle_message(
+        &mut self,
+        _now: Now,
+        s: SessionId,
+        ppid: u32,
+        stream: u16,
+        _data: &[u8],
+    ) -> Result<(), rserpool_services::ServiceError> {
+        let n = self.n.entry(s).or_default();
+        *n += 1;
+        self.out.push_back(ServerOutput::Send {
+            session: s,
             ppid,
             stream,
-            data: self.n.to_be_bytes().to_vec(),
+            data: n.to_be_bytes().to_vec(),
         });
-        self.out
-            .push_back(ServiceOutput::Cookie(self.n.to_be_bytes().to_vec()));
+        self.out.push_back(ServerOutput::Cookie {
+            session: s,
+            cookie: n.to_be_bytes().to_vec(),
+        });
+        Ok(())
     }
-    fn cookie_echo(&mut self, _now: Duration, cookie: &[u8]) {
+    fn handle_cookie_echo(
+        &mut self,
+        _now: Now,
+        s: SessionId,
+        cookie: &[u8],
+    ) -> Result<(), CookieRefused> {
         match <[u8; 8]>::try_from(cookie) {
-            Ok(b) => self.n = u64::from_be_bytes(b),
-            Err(_) => self.out.push_back(ServiceOutput::Abort("bad cookie".into())),
+            Ok(b) => {
+                self.n.insert(s, u64::from_be_bytes(b));
+                Ok(())
+            }
+            Err(_) => {
+                self.out.push_back(ServerOutput::Abort {
+                    session: s,
+                    reason: AbortReason::Cookie(CookieRefused::Invalid("size")),
+                });
+                Err(CookieRefused::Invalid("size"))
+            }
         }
     }
-    fn poll_output(&mut self) -> Option<ServiceOutput> {
+    fn close_session(&mut self, _now: Now, s: SessionId) {
+        self.n.remove(&s);
+    }
+    fn poll_output(&mut self) -> Option<ServerOutput> {
         self.out.pop_front()
+    }
+    fn sessions(&self) -> usize {
+        self.n.len()
     }
 }
 
-fn counter() -> Box<dyn SessionService> {
-    Box::new(Counter {
-        n: 0,
-        out: VecDeque::new(),
-    })
+fn counter_server(config: ServerConfig) -> SessionServer {
+    SessionServer::new(config, Box::<Counter>::default())
+}
+
+fn t(d: Duration) -> Now {
+    Now::from_monotonic(d)
 }
 
 /// Delivers the session's transmits to `server` (session 1) and the server's back; returns
@@ -370,7 +415,7 @@ fn pump(now: Duration, s: &mut PoolUserSession, server: &mut SessionServer) -> V
         for a in actions(s) {
             if let SessionAction::Transmit { ppid, stream, data } = a {
                 moved = true;
-                server.message(now, 1, ppid, stream, &data);
+                server.message(t(now), 1, ppid, stream, &data);
             }
         }
         while let Some(a) = server.poll_action() {
@@ -393,8 +438,8 @@ fn pump(now: Duration, s: &mut PoolUserSession, server: &mut SessionServer) -> V
 #[test]
 fn the_state_continues_on_the_new_pe_from_the_cookie() {
     let mut s = opened(SessionConfig::new(pool()));
-    let mut a = SessionServer::new(ServerConfig::default());
-    a.accept(2 * MS, 1, counter());
+    let mut a = counter_server(ServerConfig::default());
+    a.accept(t(2 * MS), 1, None);
     let mut replies = Vec::new();
     for i in 0..3u64 {
         s.send(3 * MS, 33, 0, vec![i as u8]).unwrap();
@@ -402,8 +447,8 @@ fn the_state_continues_on_the_new_pe_from_the_cookie() {
     }
     s.association_lost(10 * MS, "peer aborted".into());
     let _ = actions(&mut s);
-    let mut b = SessionServer::new(ServerConfig::default());
-    b.accept(11 * MS, 1, counter());
+    let mut b = counter_server(ServerConfig::default());
+    b.accept(t(11 * MS), 1, None);
     s.send(11 * MS, 33, 0, vec![3]).unwrap();
     s.connected(12 * MS);
     replies.extend(pump(12 * MS, &mut s, &mut b));
@@ -413,19 +458,23 @@ fn the_state_continues_on_the_new_pe_from_the_cookie() {
         .collect();
     assert_eq!(counts, vec![1, 2, 3, 4], "no reply lost or repeated");
     assert_eq!(b.stats().cookie_echoes, 1);
-    assert!(std::iter::from_fn(|| b.poll_event())
-        .any(|e| e == ServerEvent::CookieEcho { session: 1, len: 8 }));
+    assert!(std::iter::from_fn(|| b.poll_event()).any(|e| e
+        == ServerEvent::CookieEcho {
+            session: 1,
+            len: 8,
+            result: Ok(())
+        }));
 }
 
 #[test]
 fn the_server_sends_business_cards_and_refuses_bad_input() {
-    let mut srv = SessionServer::new(ServerConfig {
+    let mut srv = counter_server(ServerConfig {
         max_sessions: 2,
         max_cookie_size: 16,
         ..ServerConfig::default()
     });
     srv.set_business_card(Some((pool(), vec![pe(2), pe(3)])));
-    assert!(srv.accept(MS, 1, counter()));
+    assert!(srv.accept(t(MS), 1, None));
     let ServerAction::Transmit { session: 1, ppid: 11, data, .. } = srv.poll_action().unwrap()
     else {
         panic!()
@@ -437,13 +486,13 @@ fn the_server_sends_business_cards_and_refuses_bad_input() {
             pool_elements: vec![pe(2), pe(3)]
         })
     );
-    assert!(srv.accept(MS, 2, counter()));
-    assert!(!srv.accept(MS, 3, counter()), "limit of 2 sessions");
+    assert!(srv.accept(t(MS), 2, None));
+    assert!(!srv.accept(t(MS), 3, None), "limit of 2 sessions");
     while srv.poll_action().is_some() {}
     assert_eq!(srv.stats().refused, 1);
     // An oversized cookie echo: ASAP_ERROR (lack of resources), session aborted.
     srv.message(
-        2 * MS,
+        t(2 * MS),
         1,
         11,
         0,
@@ -465,16 +514,16 @@ fn the_server_sends_business_cards_and_refuses_bad_input() {
     assert_eq!(a[1], ServerAction::Abort(1));
     // Garbage on the control channel of session 2: an error back, session aborted, the other
     // session's state untouched.
-    srv.message(3 * MS, 2, 11, 0, b"\x0c\x00\x00\x05x");
+    srv.message(t(3 * MS), 2, 11, 0, b"\x0c\x00\x00\x05x");
     let a: Vec<_> = std::iter::from_fn(|| srv.poll_action()).collect();
     assert!(matches!(a.last(), Some(ServerAction::Abort(2))), "{a:?}");
     assert_eq!(srv.stats().bad_input, 2);
     assert_eq!(srv.sessions(), 0);
     // A cookie echo the service cannot use: the service aborts the session.
-    srv.accept(4 * MS, 4, counter());
+    srv.accept(t(4 * MS), 4, None);
     while srv.poll_action().is_some() {}
     srv.message(
-        5 * MS,
+        t(5 * MS),
         4,
         11,
         0,

@@ -477,5 +477,5 @@ impl PoolUserClient {
 mod server;
 mod session;
 
-pub use server::{PoolElementServer, ServerStatus, ServiceFactory};
+pub use server::{PoolElementServer, ServerStatus};
 pub use session::{OpenError, SessionHandle, SessionSnapshot};

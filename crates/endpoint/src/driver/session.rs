@@ -3,7 +3,7 @@
 
 use super::PoolUserClient;
 use crate::session::{
-    PoolUserSession, Receipt, SessionAction, SessionConfig, SessionError, SessionEvent,
+    FailoverReason, PoolUserSession, Receipt, SessionAction, SessionConfig, SessionError, SessionEvent,
     SessionStats,
 };
 use rserpool_transport::{
@@ -40,7 +40,8 @@ pub enum OpenError {
 
 enum Command {
     Send(u32, u16, Vec<u8>, oneshot::Sender<Result<(), SessionError>>),
-    Failover,
+    Failover(FailoverReason),
+    ClearCookie,
     Close(oneshot::Sender<()>),
 }
 
@@ -175,7 +176,8 @@ impl SessionHandle {
                         Some(Command::Send(ppid, stream, data, tx)) => {
                             let _ = tx.send(core.send(now(), ppid, stream, data));
                         }
-                        Some(Command::Failover) => core.failover(now()),
+                        Some(Command::Failover(reason)) => core.failover_because(now(), reason),
+                        Some(Command::ClearCookie) => core.clear_cookie(),
                         Some(Command::Close(tx)) => {
                             core.close(now());
                             while let Some(a) = core.poll_action() {
@@ -254,7 +256,18 @@ impl SessionHandle {
 
     /// Leaves the current PE for another (or continues a failover reported as necessary).
     pub async fn failover(&self) {
-        let _ = self.commands.send(Command::Failover).await;
+        self.failover_because(FailoverReason::Requested).await
+    }
+
+    /// Leaves the current PE for a reason the application found (no answer in time: the PE is
+    /// reported unreachable; rejected: it is not).
+    pub async fn failover_because(&self, reason: FailoverReason) {
+        let _ = self.commands.send(Command::Failover(reason)).await;
+    }
+
+    /// Forgets the stored cookie (its state is finished, e.g. a CalcApp job completed).
+    pub async fn clear_cookie(&self) {
+        let _ = self.commands.send(Command::ClearCookie).await;
     }
 
     /// The receipts and counters now.
