@@ -3,6 +3,8 @@
 mod bench;
 mod decode;
 mod demo;
+mod pe;
+mod pu;
 mod registrar;
 mod resolve;
 
@@ -35,6 +37,10 @@ enum Command {
     Decode(decode::DecodeArgs),
     /// Load a registrar (rserpool's or RSPLIB's) with handle resolutions and registrations.
     Bench(bench::BenchArgs),
+    /// Run a pool element serving echo, discard, daytime, chargen, pingpong or calcapp.
+    Pe(Box<pe::PeArgs>),
+    /// Use a pool: lines to an echo pool, or the pingpong/calcapp client, with failover.
+    Pu(Box<pu::PuArgs>),
 }
 
 /// Resolves when SIGINT or SIGTERM arrives.
@@ -63,7 +69,10 @@ pub(crate) async fn shutdown_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let daemon = matches!(cli.command, Command::Registrar(_) | Command::Lsnat(_));
+    let daemon = matches!(
+        cli.command,
+        Command::Registrar(_) | Command::Lsnat(_) | Command::Pe(_)
+    );
     let log = cli
         .log
         .clone()
@@ -84,6 +93,8 @@ fn main() -> ExitCode {
         Command::Resolve(args) => resolve::run(args),
         Command::Decode(args) => decode::run(&args),
         Command::Bench(args) => bench::run(args),
+        Command::Pe(args) => pe::run(*args),
+        Command::Pu(args) => pu::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

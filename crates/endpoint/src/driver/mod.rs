@@ -138,7 +138,9 @@ impl PoolElementHandle {
     ) -> Result<PoolElementHandle, TransportError> {
         let mut c = access.endpoint.clone();
         c.transport = access.transport;
-        c.accept = true;
+        // Accept associations from registrars (a new home after a takeover, RFC 5352 §3.4):
+        // over SCTP on the one socket; over the TCP mapping only on the addresses given.
+        c.accept = !c.local_addrs.is_empty() || access.transport == TransportChoice::Sctp;
         let mut endpoint = Endpoint::bind(c).await?;
         if config.registrars.is_empty() {
             config.registrars = access.registrars.clone();
