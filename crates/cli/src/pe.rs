@@ -10,7 +10,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rserpool_endpoint::driver::{PoolElementHandle, PoolElementServer, PoolUserClient, RegistrarAccess};
+use rserpool_endpoint::driver::{
+    PoolElementHandle, PoolElementServer, PoolUserClient, RegistrarAccess,
+};
 use rserpool_endpoint::pe::PoolElementConfig;
 use rserpool_endpoint::pu::ResolverConfig;
 use rserpool_endpoint::server::ServerConfig;
@@ -168,9 +170,9 @@ pub(crate) fn parse_policy(text: &str, load: f64, weight: Option<u32>) -> Result
     let name = parts.next().unwrap_or("");
     let args: Vec<&str> = parts.collect();
     let arg = |i: usize, what: &str| -> Result<&str> {
-        args.get(i).copied().ok_or_else(|| {
-            anyhow::anyhow!("policy: {name} needs {what} (e.g. {name}:0.01)")
-        })
+        args.get(i)
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("policy: {name} needs {what} (e.g. {name}:0.01)"))
     };
     let num = |i: usize, what: &str| -> Result<f64> {
         let s = arg(i, what)?;
@@ -203,9 +205,7 @@ pub(crate) fn parse_policy(text: &str, load: f64, weight: Option<u32>) -> Result
         },
         "weightedroundrobin" | "wrr" => PoolPolicy::WeightedRoundRobin { weight: w(0)? },
         "weightedrandom" | "wrand" => PoolPolicy::WeightedRandom { weight: w(0)? },
-        "priority" => PoolPolicy::Priority {
-            priority: w(0)?,
-        },
+        "priority" => PoolPolicy::Priority { priority: w(0)? },
         _ => bail!(
             "policy: {text:?} is not one of RoundRobin, Random, LeastUsed, RandomizedLeastUsed, \
              LeastUsedDegradation:D, PriorityLeastUsed:D, WeightedRoundRobin:W, \
@@ -331,22 +331,97 @@ impl PeMetrics {
                 "# HELP rserpool_pe_{name} {help}\n# TYPE rserpool_pe_{name} {kind}\nrserpool_pe_{name} {v}\n"
             ));
         };
-        line("registered", "1 while a registrar has accepted the registration", "gauge", u64::from(self.registered));
-        line("registrations_total", "Registrations accepted (first and re-registrations)", "counter", self.registrations);
-        line("keep_alives_total", "Registrar keep-alives answered", "counter", self.keep_alives);
-        line("new_homes_total", "Takeovers by a new home registrar (H=1 keep-alive)", "counter", self.new_homes);
-        line("hunt_rounds_failed_total", "Server hunt rounds in which no registrar answered", "counter", self.hunt_rounds_failed);
+        line(
+            "registered",
+            "1 while a registrar has accepted the registration",
+            "gauge",
+            u64::from(self.registered),
+        );
+        line(
+            "registrations_total",
+            "Registrations accepted (first and re-registrations)",
+            "counter",
+            self.registrations,
+        );
+        line(
+            "keep_alives_total",
+            "Registrar keep-alives answered",
+            "counter",
+            self.keep_alives,
+        );
+        line(
+            "new_homes_total",
+            "Takeovers by a new home registrar (H=1 keep-alive)",
+            "counter",
+            self.new_homes,
+        );
+        line(
+            "hunt_rounds_failed_total",
+            "Server hunt rounds in which no registrar answered",
+            "counter",
+            self.hunt_rounds_failed,
+        );
         line("sessions", "Sessions now", "gauge", s.active);
-        line("sessions_accepted_total", "Sessions accepted", "counter", s.accepted);
-        line("sessions_refused_total", "Sessions refused at the session limit", "counter", s.refused);
-        line("cookies_sent_total", "ASAP_COOKIEs sent", "counter", s.cookies_sent);
-        line("cookie_echoes_total", "ASAP_COOKIE_ECHOs handed to the service", "counter", s.cookie_echoes);
-        line("cookie_echoes_refused_total", "Cookie echoes the service refused", "counter", s.cookie_echoes_refused);
-        line("business_cards_sent_total", "ASAP_BUSINESS_CARDs sent", "counter", s.business_cards_sent);
-        line("messages_received_total", "Data messages received", "counter", s.messages_received);
-        line("messages_sent_total", "Data messages sent", "counter", s.messages_sent);
-        line("bad_input_total", "Sessions aborted for bad control-channel input", "counter", s.bad_input);
-        line("service_aborts_total", "Sessions the service aborted", "counter", s.service_aborts);
+        line(
+            "sessions_accepted_total",
+            "Sessions accepted",
+            "counter",
+            s.accepted,
+        );
+        line(
+            "sessions_refused_total",
+            "Sessions refused at the session limit",
+            "counter",
+            s.refused,
+        );
+        line(
+            "cookies_sent_total",
+            "ASAP_COOKIEs sent",
+            "counter",
+            s.cookies_sent,
+        );
+        line(
+            "cookie_echoes_total",
+            "ASAP_COOKIE_ECHOs handed to the service",
+            "counter",
+            s.cookie_echoes,
+        );
+        line(
+            "cookie_echoes_refused_total",
+            "Cookie echoes the service refused",
+            "counter",
+            s.cookie_echoes_refused,
+        );
+        line(
+            "business_cards_sent_total",
+            "ASAP_BUSINESS_CARDs sent",
+            "counter",
+            s.business_cards_sent,
+        );
+        line(
+            "messages_received_total",
+            "Data messages received",
+            "counter",
+            s.messages_received,
+        );
+        line(
+            "messages_sent_total",
+            "Data messages sent",
+            "counter",
+            s.messages_sent,
+        );
+        line(
+            "bad_input_total",
+            "Sessions aborted for bad control-channel input",
+            "counter",
+            s.bad_input,
+        );
+        line(
+            "service_aborts_total",
+            "Sessions the service aborted",
+            "counter",
+            s.service_aborts,
+        );
         o
     }
 }
@@ -450,7 +525,8 @@ pub fn run(args: PeArgs) -> Result<()> {
     }
     let mut user_ep = EndpointConfig::listening(
         transport,
-        &[a.local.unwrap_or_else(|| "0.0.0.0:0".parse().expect("valid"))],
+        &[a.local
+            .unwrap_or_else(|| "0.0.0.0:0".parse().expect("valid"))],
     );
     if let Some(n) = a.max_message_size {
         if n == 0 || n > 65_536 {
@@ -494,9 +570,14 @@ pub fn run(args: PeArgs) -> Result<()> {
         access.announce = announce;
         // A new home registrar connects to this address (TCP mapping): by default the
         // address pool users reach, with an ephemeral port; never the wildcard by surprise.
+        // Over SCTP the one-to-many socket accepts on its wildcard addresses.
+        access.transport = match server.kind() {
+            TransportKind::Sctp => TransportChoice::Sctp,
+            TransportKind::Tcp => TransportChoice::Tcp,
+        };
         match a.asap_local {
             Some(l) => access.endpoint.local_addrs = vec![l],
-            None if !bound.ip().is_unspecified() => {
+            None if server.kind() == TransportKind::Tcp && !bound.ip().is_unspecified() => {
                 access.endpoint.local_addrs = vec![SocketAddr::new(bound.ip(), 0)]
             }
             None => {}
@@ -607,7 +688,10 @@ mod tests {
 
     #[test]
     fn policies_in_rspserver_syntax() {
-        assert_eq!(parse_policy("RoundRobin", 0.0, None).unwrap(), PoolPolicy::RoundRobin);
+        assert_eq!(
+            parse_policy("RoundRobin", 0.0, None).unwrap(),
+            PoolPolicy::RoundRobin
+        );
         assert_eq!(
             parse_policy("LeastUsedDegradation:0.5", 0.0, None).unwrap(),
             PoolPolicy::LeastUsedDegradation {
@@ -623,11 +707,15 @@ mod tests {
             parse_policy("WeightedRoundRobin", 0.0, Some(3)).unwrap(),
             PoolPolicy::WeightedRoundRobin { weight: 3 }
         );
-        let e = parse_policy("LeastUsedDegradation", 0.0, None).unwrap_err().to_string();
+        let e = parse_policy("LeastUsedDegradation", 0.0, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("needs a degradation"), "{e}");
         let e = parse_policy("Fastest", 0.0, None).unwrap_err().to_string();
         assert!(e.contains("policy: \"Fastest\""), "{e}");
-        let e = parse_policy("LeastUsed", 1.5, None).unwrap_err().to_string();
+        let e = parse_policy("LeastUsed", 1.5, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("load: 1.5"), "{e}");
     }
 }

@@ -82,6 +82,10 @@ pub struct PuArgs {
     /// Print no per-message lines, only failovers and the summary.
     #[arg(long)]
     pub quiet: Option<bool>,
+    /// Begin each line printed with the time (seconds since the epoch), to measure e.g. the
+    /// time from a PE's crash to the next reply.
+    #[arg(long)]
+    pub timestamps: Option<bool>,
     /// The clients' settings (file only).
     #[arg(skip)]
     #[serde(skip)]
@@ -116,7 +120,8 @@ impl PuArgs {
             backoff,
             stale_cache,
             max_cookie_size,
-            quiet
+            quiet,
+            timestamps
         );
         if self.registrar.is_empty() {
             self.registrar = file.registrar;
@@ -135,6 +140,30 @@ fn now_of(epoch: Instant) -> Now {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default(),
     )
+}
+
+/// Prints a line on stdout, with the time first when asked.
+fn say(timestamps: bool, text: &str) {
+    if timestamps {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        println!("{}.{:06} {text}", t.as_secs(), t.subsec_micros());
+    } else {
+        println!("{text}");
+    }
+}
+
+/// Prints a line on stderr, with the time first when asked.
+fn esay(timestamps: bool, text: &str) {
+    if timestamps {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        eprintln!("{}.{:06} {text}", t.as_secs(), t.subsec_micros());
+    } else {
+        eprintln!("{text}");
+    }
 }
 
 fn describe(f: &FailoverRecord) -> String {
@@ -232,7 +261,7 @@ pub fn run(args: PuArgs) -> Result<()> {
     }
     if kind.has_client() {
         // The client resends what is unanswered after a failover: nothing is held meanwhile.
-        config.max_queued = 0;
+        config.application_resends = true;
     }
     let registrars = if a.registrar.is_empty() {
         vec!["127.0.0.1:3863".parse()?]
@@ -246,6 +275,7 @@ pub fn run(args: PuArgs) -> Result<()> {
         ..ResolverConfig::default()
     };
     let quiet = a.quiet.unwrap_or(false);
+    let timestamps = a.timestamps.unwrap_or(false);
     let count = a.count;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -258,9 +288,12 @@ pub fn run(args: PuArgs) -> Result<()> {
         let session = SessionHandle::open(client, config, EndpointConfig::new(transport))
             .await
             .with_context(|| format!("opening a session to pool {pool}"))?;
-        eprintln!("session to pool {pool}: bound to PE {}", session.opened_pe());
+        eprintln!(
+            "session to pool {pool}: bound to PE {}",
+            session.opened_pe()
+        );
         let result = if kind.has_client() {
-            run_client(session, kind, &service_config, quiet).await
+            run_client(session, kind, &service_config, quiet, timestamps).await
         } else {
             run_lines(session, kind, count, quiet).await
         };
@@ -351,10 +384,9 @@ async fn run_client(
     kind: ServiceKind,
     config: &ServiceConfig,
     quiet: bool,
+    ts: bool,
 ) -> Result<SessionSnapshot> {
-    let mut client = config
-        .client(kind)
-        .context("this service has no client")?;
+    let mut client = config.client(kind).context("this service has no client")?;
     let epoch = Instant::now();
     let mut pe = session.opened_pe();
     client.start(now_of(epoch));
@@ -386,24 +418,30 @@ async fn run_client(
                     } => {
                         pongs += 1;
                         if !quiet {
-                            println!(
+                            say(
+                                ts,
+                                &format!(
                                 "Pong #{message_no}: reply {reply_no} from PE {pe}, rtt {:.1} ms",
                                 rtt.as_secs_f64() * 1e3
+                            ),
                             );
                         }
                     }
                     ClientReport::Gap { previous, reply_no } => {
                         gaps += 1;
-                        println!("gap: reply {reply_no} after {previous}");
+                        say(ts, &format!("gap: reply {reply_no} after {previous}"));
                     }
                     ClientReport::DuplicatePong { message_no } => {
                         duplicates += 1;
-                        println!("duplicate Pong #{message_no}");
+                        say(ts, &format!("duplicate Pong #{message_no}"));
                     }
-                    ClientReport::PingSent { resent: true, message_no } => {
+                    ClientReport::PingSent {
+                        resent: true,
+                        message_no,
+                    } => {
                         resent += 1;
                         if !quiet {
-                            println!("Ping #{message_no} resent");
+                            say(ts, &format!("Ping #{message_no} resent"));
                         }
                     }
                     ClientReport::JobCompleted {
@@ -413,22 +451,22 @@ async fn run_client(
                         failovers,
                     } => {
                         jobs += 1;
-                        println!(
+                        say(ts, &format!(
                             "job {job_id} completed: {job_size} calculations in {:.3} s, {failovers} failover(s)",
                             handling_time.as_secs_f64()
-                        );
+                        ));
                     }
                     ClientReport::JobRejected { job_id } => {
                         if !quiet {
-                            println!("job {job_id} rejected by PE {pe}");
+                            say(ts, &format!("job {job_id} rejected by PE {pe}"));
                         }
                     }
                     ClientReport::JobAccepted { job_id } => {
                         if !quiet {
-                            println!("job {job_id} accepted by PE {pe}");
+                            say(ts, &format!("job {job_id} accepted by PE {pe}"));
                         }
                     }
-                    ClientReport::Ignored(e) => eprintln!("warning: ignored: {e}"),
+                    ClientReport::Ignored(e) => esay(ts, &format!("warning: ignored: {e}")),
                     _ => {}
                 },
                 ClientOutput::Finished => break 'run,
@@ -446,29 +484,36 @@ async fn run_client(
                 None => break,
                 Some(SessionEvent::Data { ppid, stream, data }) => {
                     if let Err(e) = client.handle_message(now_of(epoch), ppid, stream, &data) {
-                        eprintln!("warning: PE {pe}: {e}");
+                        esay(ts, &format!("warning: PE {pe}: {e}"));
                     }
                 }
                 Some(SessionEvent::Failover(f)) => {
                     failovers += 1;
                     pe = f.to;
-                    eprintln!("{}", describe(&f));
+                    esay(ts, &format!("{}", describe(&f)));
                     client.failover_complete(now_of(epoch), f.with_cookie);
                 }
                 Some(SessionEvent::Failed { reason }) => {
-                    eprintln!("session failed: {reason}");
+                    esay(ts, &format!("session failed: {reason}"));
                     break;
                 }
-                Some(SessionEvent::ProtocolError(e)) => eprintln!("warning: {e}"),
+                Some(SessionEvent::Cookie { len }) if kind == ServiceKind::CalcApp && !quiet => {
+                    esay(ts, &format!("cookie received from PE {pe} ({len} bytes)"));
+                }
+                Some(SessionEvent::BusinessCard { pes }) => {
+                    let list: Vec<String> = pes.iter().map(|p| p.to_string()).collect();
+                    esay(ts, &format!("business card from PE {pe}: {}", list.join(", ")));
+                }
+                Some(SessionEvent::ProtocolError(e)) => esay(ts, &format!("warning: {e}")),
                 Some(_) => {}
             },
         }
     }
     match kind {
-        ServiceKind::PingPong => println!(
+        ServiceKind::PingPong => say(ts, &format!(
             "pingpong: {pongs} answered, {resent} resent, {duplicates} duplicate(s), {gaps} gap(s), {failovers} failover(s)"
-        ),
-        _ => println!("calcapp: {jobs} job(s) completed, {failovers} failover(s)"),
+        )),
+        _ => say(ts, &format!("calcapp: {jobs} job(s) completed, {failovers} failover(s)")),
     }
     Ok(session.close().await)
 }

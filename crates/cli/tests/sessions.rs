@@ -183,7 +183,8 @@ fn metric(pe: &Proc, name: &str) -> u64 {
     let addr = word_after(&pe.out(), "metrics at http://");
     let addr = addr.trim_end_matches("/metrics");
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     body.lines()
@@ -219,7 +220,9 @@ fn echo_lines_go_through_the_pool_and_the_pu_ends_with_its_input() {
     let err = u.err();
     assert!(err.contains(&format!("bound to PE {id}")), "{err}");
     assert!(
-        err.contains("selected 1 (resolution 1, cache 0, business card 0), bound 1, reached 1, failovers 0"),
+        err.contains(
+            "selected 1 (resolution 1, cache 0, business card 0), bound 1, reached 1, failovers 0"
+        ),
         "{err}"
     );
     assert!(err.contains("outcome closed"), "{err}");
@@ -231,7 +234,14 @@ fn pingpong_continues_on_another_pe_with_the_cookie_after_kill_9() {
     let pes = vec![pe(&reg, "pingpong", &[]), pe(&reg, "pingpong", &[])];
     let mut u = pu(
         &reg,
-        &["--service", "pingpong", "--count", "40", "--interval", "50ms"],
+        &[
+            "--service",
+            "pingpong",
+            "--count",
+            "40",
+            "--interval",
+            "50ms",
+        ],
         None,
     );
     let (victim, victim_id) = serving(&u, &pes);
@@ -249,7 +259,8 @@ fn pingpong_continues_on_another_pe_with_the_cookie_after_kill_9() {
     assert!(err.contains("cookie echoed"), "{err}");
     // Every Ping answered once, the reply numbers continue (state from the cookie).
     assert!(
-        out.contains("pingpong: 40 answered") && out.contains(" 0 duplicate(s), 0 gap(s), 1 failover(s)"),
+        out.contains("pingpong: 40 answered")
+            && out.contains(" 0 duplicate(s), 0 gap(s), 1 failover(s)"),
         "{out}"
     );
     assert!(
@@ -289,7 +300,14 @@ fn a_business_card_names_the_next_pe() {
     std::thread::sleep(Duration::from_millis(600));
     let mut u = pu(
         &reg,
-        &["--service", "pingpong", "--count", "20", "--interval", "50ms"],
+        &[
+            "--service",
+            "pingpong",
+            "--count",
+            "20",
+            "--interval",
+            "50ms",
+        ],
         None,
     );
     let (victim, _) = serving(&u, &pes);
@@ -363,7 +381,8 @@ fn a_frozen_pe_is_left_when_it_stops_answering() {
     victim.signal("-CONT");
     let (out, err) = (u.out(), u.err());
     assert!(
-        err.contains(&format!("failover: PE {victim_id} -> ")) && err.contains("(no answer in time)"),
+        err.contains(&format!("failover: PE {victim_id} -> "))
+            && err.contains("(no answer in time)"),
         "{err}"
     );
     assert!(err.contains("cookie echoed"), "{err}");

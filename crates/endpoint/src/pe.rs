@@ -229,7 +229,11 @@ impl PoolElementCore {
             .transports
             .iter()
             .filter(|t| t.protocol == self.config.registrar_protocol)
-            .flat_map(|t| t.addresses.iter().map(move |ip| SocketAddr::new(*ip, t.port)))
+            .flat_map(|t| {
+                t.addresses
+                    .iter()
+                    .map(move |ip| SocketAddr::new(*ip, t.port))
+            })
             .collect();
         if a.transports.is_empty()
             && self.config.registrar_protocol == rserpool_wire::TransportProtocol::Sctp
@@ -248,7 +252,9 @@ impl PoolElementCore {
         self.announced.truncate(16);
         if matches!(self.state, State::Hunting { next_try: Some(_) }) {
             // A registrar just announced itself: try it now.
-            self.state = State::Hunting { next_try: Some(now) };
+            self.state = State::Hunting {
+                next_try: Some(now),
+            };
             self.handle_timeout(now);
         }
     }
@@ -526,9 +532,7 @@ impl PoolElementCore {
                     self.start(now);
                 }
             }
-            State::Hunting {
-                next_try: Some(t),
-            } if t <= now => self.next_candidate(now),
+            State::Hunting { next_try: Some(t) } if t <= now => self.next_candidate(now),
             State::Deregistering { deadline } if deadline <= now => {
                 self.state = State::Done;
                 self.events.push_back(PeEvent::RegistrarLost);

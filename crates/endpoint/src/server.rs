@@ -226,7 +226,8 @@ impl SessionServer {
             match self.codec.encode(&card) {
                 Ok(data) => {
                     self.stats.business_cards_sent += 1;
-                    self.events.push_back(ServerEvent::BusinessCardSent(session));
+                    self.events
+                        .push_back(ServerEvent::BusinessCardSent(session));
                     self.actions.push_back(ServerAction::Transmit {
                         session,
                         ppid: Protocol::Asap.ppid(),

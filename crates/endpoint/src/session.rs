@@ -47,6 +47,11 @@ pub struct SessionConfig {
     pub max_cookie_size: usize,
     /// Messages held while the session has no PE (during a failover); more are refused.
     pub max_queued: usize,
+    /// The application resends what is unanswered after each failover (the PingPong and
+    /// CalcApp clients do): then nothing is held during a failover, and a message sent before
+    /// the application has seen a failover is refused with [`SessionError::FailingOver`]
+    /// rather than sent to the new PE ahead of the application's own resending.
+    pub application_resends: bool,
     /// Which user transport the driver can reach; PEs offering another are skipped.
     pub transport: Option<TransportProtocol>,
     /// Codec settings.
@@ -67,6 +72,7 @@ impl SessionConfig {
             answer_timeout: None,
             max_cookie_size: 65_536,
             max_queued: 1024,
+            application_resends: false,
             transport: None,
             codec: CodecConfig::default(),
         }
@@ -336,6 +342,10 @@ pub enum SessionError {
     /// PPID 11 is the control channel; data cannot use it.
     #[error("PPID 11 is reserved for the ASAP control channel")]
     ReservedPpid,
+    /// A failover is under way or completed unseen by the application
+    /// ([`SessionConfig::application_resends`]): resend after the failover notification.
+    #[error("a failover is under way; resend after its notification")]
+    FailingOver,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -494,8 +504,28 @@ impl PoolUserSession {
         stream: u16,
         data: Vec<u8>,
     ) -> Result<(), SessionError> {
+        self.send_seen(now, self.stats.failovers, ppid, stream, data)
+    }
+
+    /// Like [`PoolUserSession::send`], from an application that has seen `failovers_seen`
+    /// failover notifications: with [`SessionConfig::application_resends`], a message from
+    /// before the latest failover is refused ([`SessionError::FailingOver`]).
+    pub fn send_seen(
+        &mut self,
+        now: Duration,
+        failovers_seen: u64,
+        ppid: u32,
+        stream: u16,
+        data: Vec<u8>,
+    ) -> Result<(), SessionError> {
         if ppid == Protocol::Asap.ppid() {
             return Err(SessionError::ReservedPpid);
+        }
+        if self.config.application_resends
+            && self.state != State::Ended
+            && (failovers_seen < self.stats.failovers || !self.is_bound())
+        {
+            return Err(SessionError::FailingOver);
         }
         match self.state {
             State::Ended => Err(SessionError::Ended),
@@ -566,10 +596,8 @@ impl PoolUserSession {
                     .as_ref()
                     .map(|m| m.tried.clone())
                     .unwrap_or_default();
-                let usable: Vec<PoolElement> = pes
-                    .into_iter()
-                    .filter(|pe| self.reachable(pe))
-                    .collect();
+                let usable: Vec<PoolElement> =
+                    pes.into_iter().filter(|pe| self.reachable(pe)).collect();
                 let fresh: Vec<PoolElement> = usable
                     .iter()
                     .filter(|pe| !tried.contains(&pe.id))
@@ -704,8 +732,9 @@ impl PoolUserSession {
                     return;
                 }
                 self.stats.cookies += 1;
-                self.events
-                    .push_back(SessionEvent::Cookie { len: c.cookie.len() });
+                self.events.push_back(SessionEvent::Cookie {
+                    len: c.cookie.len(),
+                });
                 self.cookie = Some(c.cookie);
             }
             AsapMessage::BusinessCard(b) => {
@@ -749,8 +778,7 @@ impl PoolUserSession {
     pub fn handle_timeout(&mut self, now: Duration) {
         match self.state.clone() {
             State::Bound { .. } => {
-                if let (Some(since), Some(t)) = (self.awaiting_since, self.config.answer_timeout)
-                {
+                if let (Some(since), Some(t)) = (self.awaiting_since, self.config.answer_timeout) {
                     if since + t <= now {
                         self.fail(now, FailoverReason::NoAnswer);
                     }

@@ -6,13 +6,13 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
 use rserpool_endpoint::server::{ServerAction, ServerConfig, ServerEvent, SessionServer};
-use rserpool_services::{
-    AbortReason, CookieRefused, Now, ServerOutput, ServerService, ServiceKind, SessionId,
-    SessionInfo,
-};
 use rserpool_endpoint::session::{
     CandidateSource, FailoverReason, Outcome, PoolUserSession, SessionAction, SessionConfig,
     SessionEvent,
+};
+use rserpool_services::{
+    AbortReason, CookieRefused, Now, ServerOutput, ServerService, ServiceKind, SessionId,
+    SessionInfo,
 };
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::{
@@ -147,8 +147,11 @@ fn failover_echoes_the_last_cookie_before_any_data() {
         }
     );
     let ev = events(&mut s);
-    let [SessionEvent::FailoverStarted { from, has_cookie: true, .. }, SessionEvent::Failover(f)] =
-        &ev[..]
+    let [SessionEvent::FailoverStarted {
+        from,
+        has_cookie: true,
+        ..
+    }, SessionEvent::Failover(f)] = &ev[..]
     else {
         panic!("one failover started, one completed: {ev:?}");
     };
@@ -156,7 +159,10 @@ fn failover_echoes_the_last_cookie_before_any_data() {
     assert_eq!(f.from, PoolElementId(1));
     assert_eq!(f.to, PoolElementId(2));
     assert!(f.with_cookie);
-    assert_eq!(f.reason, FailoverReason::AssociationLost("peer aborted".into()));
+    assert_eq!(
+        f.reason,
+        FailoverReason::AssociationLost("peer aborted".into())
+    );
     assert_eq!((f.started, f.completed, f.attempts), (10 * MS, 20 * MS, 0));
     let r = s.receipt();
     assert_eq!(r.selections.len(), 2);
@@ -171,7 +177,13 @@ fn failover_echoes_the_last_cookie_before_any_data() {
     assert_eq!(r.reached, None, "B has not answered yet");
     let st = s.stats();
     assert_eq!(
-        (st.selected, st.bound, st.reached, st.failovers, st.failovers_with_cookie),
+        (
+            st.selected,
+            st.bound,
+            st.reached,
+            st.failovers,
+            st.failovers_with_cookie
+        ),
         (2, 2, 1, 1, 1)
     );
     assert_eq!(st.unreachable_reported, 1);
@@ -206,17 +218,18 @@ fn retries_are_bounded_with_backoff_and_end_in_a_clear_failure() {
         s.handle_timeout(now);
         assert!(now < Duration::from_secs(60), "no end");
     }
-    assert_eq!(pauses, vec![100 * MS, 200 * MS, 400 * MS], "doubling back-off");
+    assert_eq!(
+        pauses,
+        vec![100 * MS, 200 * MS, 400 * MS],
+        "doubling back-off"
+    );
     assert_eq!(resolutions, 4);
     let ev = events(&mut s);
     assert!(
         matches!(ev.last(), Some(SessionEvent::Failed { reason }) if reason.contains("gave up after 4 attempt(s)")),
         "{ev:?}"
     );
-    assert!(matches!(
-        s.receipt().outcome,
-        Some(Outcome::Failed { .. })
-    ));
+    assert!(matches!(s.receipt().outcome, Some(Outcome::Failed { .. })));
     assert_eq!(s.stats().connect_failures, 4);
     assert_eq!(s.stats().unreachable_reported, 4);
     assert_eq!(
@@ -261,7 +274,10 @@ fn a_business_card_is_preferred_to_the_resolution() {
     let [SessionEvent::FailoverStarted { .. }, SessionEvent::Failover(f)] = &ev[..] else {
         panic!("{ev:?}");
     };
-    assert_eq!((f.from, f.to, f.with_cookie), (PoolElementId(1), PoolElementId(8), false));
+    assert_eq!(
+        (f.from, f.to, f.with_cookie),
+        (PoolElementId(1), PoolElementId(8), false)
+    );
     assert_eq!(f.reason, FailoverReason::Requested);
     assert_eq!(f.attempts, 1);
     let sources: Vec<_> = s.receipt().selections.iter().map(|x| x.source).collect();
@@ -281,7 +297,8 @@ fn no_answer_in_time_fails_over_and_manual_mode_waits_for_the_application() {
     config.answer_timeout = Some(Duration::from_secs(2));
     config.auto_failover = false;
     let mut s = opened(config);
-    s.send(Duration::from_secs(1), 33, 0, b"x".to_vec()).unwrap();
+    s.send(Duration::from_secs(1), 33, 0, b"x".to_vec())
+        .unwrap();
     let _ = actions(&mut s);
     assert_eq!(s.poll_timeout(), Some(Duration::from_secs(3)));
     s.handle_timeout(Duration::from_secs(3));
@@ -314,9 +331,7 @@ fn a_pe_that_answers_garbage_is_left_and_a_huge_cookie_is_refused() {
         3 * MS,
         11,
         0,
-        &enc(&AsapMessage::Cookie(asap::Cookie {
-            cookie: vec![0; 9],
-        })),
+        &enc(&AsapMessage::Cookie(asap::Cookie { cookie: vec![0; 9] })),
     );
     assert_eq!(s.cookie(), None);
     assert_eq!(s.stats().cookies_refused, 1);
@@ -419,7 +434,10 @@ fn pump(now: Duration, s: &mut PoolUserSession, server: &mut SessionServer) -> V
             }
         }
         while let Some(a) = server.poll_action() {
-            if let ServerAction::Transmit { ppid, stream, data, .. } = a {
+            if let ServerAction::Transmit {
+                ppid, stream, data, ..
+            } = a
+            {
                 moved = true;
                 s.message(now, ppid, stream, &data);
             }
@@ -475,7 +493,12 @@ fn the_server_sends_business_cards_and_refuses_bad_input() {
     });
     srv.set_business_card(Some((pool(), vec![pe(2), pe(3)])));
     assert!(srv.accept(t(MS), 1, None));
-    let ServerAction::Transmit { session: 1, ppid: 11, data, .. } = srv.poll_action().unwrap()
+    let ServerAction::Transmit {
+        session: 1,
+        ppid: 11,
+        data,
+        ..
+    } = srv.poll_action().unwrap()
     else {
         panic!()
     };
@@ -527,7 +550,9 @@ fn the_server_sends_business_cards_and_refuses_bad_input() {
         4,
         11,
         0,
-        &enc(&AsapMessage::CookieEcho(asap::CookieEcho { cookie: vec![1] })),
+        &enc(&AsapMessage::CookieEcho(asap::CookieEcho {
+            cookie: vec![1],
+        })),
     );
     assert_eq!(srv.poll_action(), Some(ServerAction::Abort(4)));
     assert_eq!(srv.stats().service_aborts, 1);
@@ -554,12 +579,14 @@ fn pe_events(pe: &mut PoolElementCore) -> Vec<PeEvent> {
 }
 
 fn registration_response(reject: bool) -> Vec<u8> {
-    enc(&AsapMessage::RegistrationResponse(asap::RegistrationResponse {
-        reject,
-        pool_handle: pool(),
-        pe_id: PoolElementId(0x42),
-        error: None,
-    }))
+    enc(&AsapMessage::RegistrationResponse(
+        asap::RegistrationResponse {
+            reject,
+            pool_handle: pool(),
+            pe_id: PoolElementId(0x42),
+            error: None,
+        },
+    ))
 }
 
 #[test]
@@ -615,7 +642,10 @@ fn server_hunt_with_t5_doubling_and_max_reg_attempt() {
     pe.connected(now);
     let _ = pe.poll_transmit();
     pe.message(now, &registration_response(false));
-    assert_eq!(pe_events(&mut pe), vec![PeEvent::Registered { first: true }]);
+    assert_eq!(
+        pe_events(&mut pe),
+        vec![PeEvent::Registered { first: true }]
+    );
     assert!(pe.is_registered());
 }
 
@@ -635,7 +665,10 @@ fn announced_registrars_come_first_and_expire() {
     assert_eq!(pe.poll_connect(), Some(vec![addr("127.0.0.1:1001")]));
     // Garbage on the announce group is reported, not trusted.
     pe.announce(3 * MS, addr("127.0.0.1:3863"), b"junk");
-    assert!(matches!(pe_events(&mut pe)[..], [PeEvent::ProtocolError(_)]));
+    assert!(matches!(
+        pe_events(&mut pe)[..],
+        [PeEvent::ProtocolError(_)]
+    ));
     // After T7 the announced one is no longer a candidate.
     pe.connect_failed(Duration::from_secs(6));
     pe.connect_failed(Duration::from_secs(6));
@@ -701,7 +734,10 @@ fn an_h_keep_alive_on_another_association_makes_a_new_home() {
         })
     );
     assert_eq!(pe.home_registrar(), Some(RegistrarId(2)));
-    assert!(pe.is_registered(), "still registered: the new home keeps it");
+    assert!(
+        pe.is_registered(),
+        "still registered: the new home keeps it"
+    );
     // The next re-registration names the new home.
     let t = pe.poll_timeout().unwrap();
     pe.handle_timeout(t);
@@ -731,4 +767,35 @@ fn a_policy_change_re_registers_at_once() {
     assert_eq!(pe.poll_transmit(), None, "same values: nothing to send");
     pe.set_policy(6 * MS, PoolPolicy::LeastUsed { load: 200 });
     assert!(pe.poll_transmit().is_some());
+}
+
+#[test]
+fn an_application_that_resends_is_fenced_until_it_has_seen_the_failover() {
+    let mut config = SessionConfig::new(pool());
+    config.application_resends = true;
+    let mut s = opened(config);
+    s.association_lost(3 * MS, "peer aborted".into());
+    let _ = actions(&mut s);
+    assert_eq!(
+        s.send_seen(4 * MS, 0, 33, 0, vec![1]),
+        Err(rserpool_endpoint::session::SessionError::FailingOver),
+        "nothing held while moving"
+    );
+    s.connected(5 * MS);
+    let _ = actions(&mut s);
+    assert_eq!(
+        s.send_seen(6 * MS, 0, 33, 0, vec![2]),
+        Err(rserpool_endpoint::session::SessionError::FailingOver),
+        "the application has not seen the failover: it will resend"
+    );
+    assert!(actions(&mut s).is_empty());
+    s.send_seen(7 * MS, 1, 33, 0, vec![3]).unwrap();
+    assert_eq!(
+        actions(&mut s),
+        vec![SessionAction::Transmit {
+            ppid: 33,
+            stream: 0,
+            data: vec![3]
+        }]
+    );
 }

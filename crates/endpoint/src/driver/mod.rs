@@ -3,10 +3,10 @@
 
 use crate::pe::{PeEvent, PoolElementConfig, PoolElementCore};
 use crate::pu::{RequestId, Resolution, ResolveError, Resolver, ResolverConfig, ResolverEvent};
+use rserpool_transport::multicast::{MulticastConfig, MulticastSocket};
 use rserpool_transport::{
     AssociationId, Endpoint, EndpointConfig, EndpointHandle, Event, TransportChoice, TransportError,
 };
-use rserpool_transport::multicast::{MulticastConfig, MulticastSocket};
 use rserpool_wire::{
     PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId, TransportProtocol,
 };

@@ -3,8 +3,8 @@
 
 use super::PoolUserClient;
 use crate::session::{
-    FailoverReason, PoolUserSession, Receipt, SessionAction, SessionConfig, SessionError, SessionEvent,
-    SessionStats,
+    FailoverReason, PoolUserSession, Receipt, SessionAction, SessionConfig, SessionError,
+    SessionEvent, SessionStats,
 };
 use rserpool_transport::{
     AssociationId, Endpoint, EndpointConfig, Event, TransportError, TransportKind,
@@ -39,7 +39,13 @@ pub enum OpenError {
 }
 
 enum Command {
-    Send(u32, u16, Vec<u8>, oneshot::Sender<Result<(), SessionError>>),
+    Send(
+        u64,
+        u32,
+        u16,
+        Vec<u8>,
+        oneshot::Sender<Result<(), SessionError>>,
+    ),
     Failover(FailoverReason),
     ClearCookie,
     Close(oneshot::Sender<()>),
@@ -51,6 +57,7 @@ pub struct SessionHandle {
     events: mpsc::Receiver<SessionEvent>,
     snapshot: watch::Receiver<SessionSnapshot>,
     opened_pe: PoolElementId,
+    failovers_seen: u64,
 }
 
 type Resolved = Result<(Vec<PoolElement>, Option<PoolPolicy>), String>;
@@ -173,8 +180,8 @@ impl SessionHandle {
                     _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
                     Some(r) = res_rx.recv() => core.resolved(now(), r),
                     cmd = cmd_rx.recv() => match cmd {
-                        Some(Command::Send(ppid, stream, data, tx)) => {
-                            let _ = tx.send(core.send(now(), ppid, stream, data));
+                        Some(Command::Send(seen, ppid, stream, data, tx)) => {
+                            let _ = tx.send(core.send_seen(now(), seen, ppid, stream, data));
                         }
                         Some(Command::Failover(reason)) => core.failover_because(now(), reason),
                         Some(Command::ClearCookie) => core.clear_cookie(),
@@ -227,6 +234,7 @@ impl SessionHandle {
                 events,
                 snapshot,
                 opened_pe: pe,
+                failovers_seen: 0,
             }),
             Ok(Err(reason)) => Err(OpenError::Failed(reason)),
             Err(_) => Err(OpenError::Failed("the session task ended".into())),
@@ -242,7 +250,7 @@ impl SessionHandle {
     pub async fn send(&self, ppid: u32, stream: u16, data: Vec<u8>) -> Result<(), SessionError> {
         let (tx, rx) = oneshot::channel();
         self.commands
-            .send(Command::Send(ppid, stream, data, tx))
+            .send(Command::Send(self.failovers_seen, ppid, stream, data, tx))
             .await
             .map_err(|_| SessionError::Ended)?;
         rx.await.map_err(|_| SessionError::Ended)?
@@ -251,7 +259,11 @@ impl SessionHandle {
     /// The next event: data, failovers, cookies, the end. `None` once the session has ended
     /// and every event was taken.
     pub async fn next_event(&mut self) -> Option<SessionEvent> {
-        self.events.recv().await
+        let e = self.events.recv().await;
+        if matches!(e, Some(SessionEvent::Failover(_))) {
+            self.failovers_seen += 1;
+        }
+        e
     }
 
     /// Leaves the current PE for another (or continues a failover reported as necessary).
