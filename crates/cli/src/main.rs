@@ -14,6 +14,8 @@ macro_rules! outln {
 mod bench;
 mod decode;
 mod demo;
+mod pe;
+mod pu;
 mod registrar;
 mod resolve;
 mod units;
@@ -47,6 +49,10 @@ enum Command {
     Decode(decode::DecodeArgs),
     /// Load a registrar (rserpool's or RSPLIB's) with handle resolutions and registrations.
     Bench(bench::BenchArgs),
+    /// Run a pool element serving echo, discard, daytime, chargen, pingpong or calcapp.
+    Pe(Box<pe::PeArgs>),
+    /// Use a pool: lines to an echo pool, or the pingpong/calcapp client, with failover.
+    Pu(Box<pu::PuArgs>),
 }
 
 /// Writes one line to stdout; on a closed pipe exits with success and without a word, on any
@@ -111,6 +117,7 @@ fn main() -> ExitCode {
     let daemon = match &cli.command {
         Command::Registrar(a) => !a.check,
         Command::Lsnat(a) => !a.check,
+        Command::Pe(_) => true,
         _ => false,
     };
     let log = cli
@@ -133,6 +140,8 @@ fn main() -> ExitCode {
         Command::Resolve(args) => resolve::run(args),
         Command::Decode(args) => decode::run(&args),
         Command::Bench(args) => bench::run(args),
+        Command::Pe(args) => pe::run(*args),
+        Command::Pu(args) => pu::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

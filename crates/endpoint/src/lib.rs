@@ -9,3 +9,5 @@
 pub mod driver;
 pub mod pe;
 pub mod pu;
+pub mod server;
+pub mod session;

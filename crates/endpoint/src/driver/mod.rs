@@ -3,10 +3,13 @@
 
 use crate::pe::{PeEvent, PoolElementConfig, PoolElementCore};
 use crate::pu::{RequestId, Resolution, ResolveError, Resolver, ResolverConfig, ResolverEvent};
+use rserpool_transport::multicast::{MulticastConfig, MulticastSocket};
 use rserpool_transport::{
     AssociationId, Endpoint, EndpointConfig, EndpointHandle, Event, TransportChoice, TransportError,
 };
-use rserpool_wire::{PoolElementId, PoolHandle, PoolPolicy, Protocol};
+use rserpool_wire::{
+    PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId, TransportProtocol,
+};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,8 +26,13 @@ pub struct RegistrarAccess {
     pub transport: TransportChoice,
     /// Pause between two rounds over all registrars when none answers.
     pub retry_interval: Duration,
-    /// Transport settings (limits, SCTP timers, TCP keep-alives).
+    /// Transport settings (limits, SCTP timers, TCP keep-alives). A pool element's endpoint
+    /// accepts associations (a new home registrar connects to it): give `local_addrs` for the
+    /// TCP mapping to listen on.
     pub endpoint: EndpointConfig,
+    /// Listen for ASAP_SERVER_ANNOUNCEs on this group (pool elements only; `None`: the static
+    /// list only). Keep it on the loopback or in a namespace in tests.
+    pub announce: Option<MulticastConfig>,
 }
 
 impl RegistrarAccess {
@@ -35,6 +43,7 @@ impl RegistrarAccess {
             transport,
             retry_interval: Duration::from_secs(1),
             endpoint: EndpointConfig::new(transport),
+            announce: None,
         }
     }
 }
@@ -104,6 +113,12 @@ pub struct PeStatus {
     pub keep_alives: u64,
     /// The last rejection's cause, if any.
     pub last_reject: Option<String>,
+    /// The home registrar, as learned from keep-alives.
+    pub home: Option<RegistrarId>,
+    /// Times a registrar took this PE over (keep-alive with the H flag).
+    pub new_homes: u64,
+    /// Hunt rounds in which no registrar could be reached.
+    pub hunt_rounds_failed: u64,
 }
 
 enum PeCommand {
@@ -113,12 +128,31 @@ enum PeCommand {
 }
 
 impl PoolElementHandle {
-    /// Starts a pool element: binds a transport endpoint, connects to a registrar and registers.
+    /// Starts a pool element: binds a transport endpoint (accepting, so that a new home
+    /// registrar can reach it), hunts for a registrar among `access.registrars` (and those heard
+    /// in announces when `access.announce` is set) and registers. The hunt, the retries and the
+    /// choice of registrar are the core's ([`PoolElementCore`]); this task only carries them out.
     pub async fn start(
-        config: PoolElementConfig,
+        mut config: PoolElementConfig,
         access: RegistrarAccess,
     ) -> Result<PoolElementHandle, TransportError> {
-        let mut endpoint = bind(&access).await?;
+        let mut c = access.endpoint.clone();
+        c.transport = access.transport;
+        // Accept associations from registrars (a new home after a takeover, RFC 5352 §3.4):
+        // over SCTP on the one socket; over the TCP mapping only on the addresses given.
+        c.accept = !c.local_addrs.is_empty() || access.transport == TransportChoice::Sctp;
+        let mut endpoint = Endpoint::bind(c).await?;
+        if config.registrars.is_empty() {
+            config.registrars = access.registrars.clone();
+        }
+        config.registrar_protocol = match endpoint.kind() {
+            rserpool_transport::TransportKind::Sctp => TransportProtocol::Sctp,
+            rserpool_transport::TransportKind::Tcp => TransportProtocol::Tcp,
+        };
+        let announces = match &access.announce {
+            Some(m) => Some(MulticastSocket::open(m)?),
+            None => None,
+        };
         let core = PoolElementCore::new(config, &mut rand::rng());
         let id = core.id();
         let (commands, mut rx) = mpsc::channel(16);
@@ -127,95 +161,161 @@ impl PoolElementHandle {
             let epoch = Instant::now();
             let now = || epoch.elapsed();
             let mut core = core;
-            let mut cursor = 0;
+            let handle = endpoint.handle();
             let mut st = PeStatus::default();
+            let mut assoc: Option<AssociationId> = None;
+            let mut pending: Option<AssociationId> = None;
+            let mut others: Vec<AssociationId> = Vec::new();
+            core.start(now());
             'outer: loop {
-                let Some(assoc) = hunt(&mut endpoint, &access, &mut cursor).await else {
-                    tokio::time::sleep(access.retry_interval).await;
-                    continue;
+                while let Some(addrs) = core.poll_connect() {
+                    tracing::debug!(registrar = ?addrs, "connecting to a registrar");
+                    match handle.connect(&addrs).await {
+                        Ok(id) => pending = Some(id),
+                        Err(e) => {
+                            tracing::debug!(registrar = ?addrs, error = %e, "cannot connect");
+                            core.connect_failed(now());
+                        }
+                    }
+                }
+                // Events first: a new home changes where the transmits go.
+                while let Some(e) = core.poll_event() {
+                    match e {
+                        PeEvent::Registered { first } => {
+                            st.registered = true;
+                            st.registrations += 1;
+                            if first {
+                                tracing::info!(pe = %core.id(), "registered");
+                            }
+                        }
+                        PeEvent::Rejected { cause } => {
+                            st.last_reject = Some(format!("{cause:?}"));
+                            tracing::warn!(?cause, "registration rejected");
+                        }
+                        PeEvent::KeepAlive { .. } => st.keep_alives += 1,
+                        PeEvent::NewHome {
+                            registrar,
+                            association,
+                        } => {
+                            let new = AssociationId(association);
+                            tracing::info!(%registrar, association = %new, "new home registrar");
+                            others.retain(|a| *a != new);
+                            if let Some(old) = assoc.replace(new) {
+                                let _ = handle.abort(old).await;
+                            }
+                            st.home = Some(registrar);
+                            st.new_homes += 1;
+                        }
+                        PeEvent::RegistrarLost => {
+                            tracing::warn!("the registrar does not answer: hunting for another");
+                            st.registered = false;
+                            if let Some(a) = assoc.take() {
+                                let _ = handle.abort(a).await;
+                            }
+                        }
+                        PeEvent::HuntFailed { retry_in } => {
+                            st.hunt_rounds_failed += 1;
+                            tracing::warn!(retry_in = ?retry_in, "no registrar reachable");
+                        }
+                        PeEvent::ProtocolError(e) => {
+                            tracing::warn!(error = %e, "registrar protocol error")
+                        }
+                        PeEvent::Deregistered => st.registered = false,
+                    }
+                }
+                if let Some(a) = assoc {
+                    send_all(&handle, a, || core.poll_transmit()).await;
+                } else {
+                    while core.poll_transmit().is_some() {}
+                }
+                if st.home != core.home_registrar() {
+                    st.home = core.home_registrar();
+                }
+                let _ = status_tx.send(st.clone());
+                let deadline = core
+                    .poll_timeout()
+                    .map(|d| epoch + d)
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+                let announce = async {
+                    match &announces {
+                        Some(m) => m.recv().await.ok(),
+                        None => std::future::pending().await,
+                    }
                 };
-                let handle = endpoint.handle();
-                core.connected(now());
-                send_all(&handle, assoc, || core.poll_transmit()).await;
-                loop {
-                    let deadline = core
-                        .poll_timeout()
-                        .map(|d| epoch + d)
-                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
-                        cmd = rx.recv() => match cmd {
-                            Some(PeCommand::SetPolicy(p)) => core.set_policy(now(), p),
-                            Some(PeCommand::Deregister(done)) => {
-                                core.deregister(now());
-                                send_all(&handle, assoc, || core.poll_transmit()).await;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
+                    Some(d) = announce => core.announce(now(), d.source, &d.data),
+                    cmd = rx.recv() => match cmd {
+                        Some(PeCommand::SetPolicy(p)) => core.set_policy(now(), p),
+                        Some(PeCommand::Deregister(done)) => {
+                            core.deregister(now());
+                            if let Some(a) = assoc {
+                                send_all(&handle, a, || core.poll_transmit()).await;
                                 // Wait for the answer (or the response timeout).
                                 let until = Instant::now() + Duration::from_secs(3);
                                 while let Ok(Some(ev)) = tokio::time::timeout_at(until, endpoint.next_event()).await {
                                     if let Event::Message { id, data, .. } = ev {
-                                        if id == assoc {
+                                        if id == a {
                                             core.message(now(), &data);
-                                            if matches!(core.poll_event(), Some(PeEvent::Deregistered)) {
+                                            if std::iter::from_fn(|| core.poll_event()).any(|e| e == PeEvent::Deregistered) {
                                                 break;
                                             }
                                         }
                                     }
                                 }
-                                let _ = handle.close(assoc).await;
-                                let _ = done.send(());
-                                break 'outer;
+                                let _ = handle.close(a).await;
                             }
-                            Some(PeCommand::Abort(done)) => {
-                                let _ = handle.abort(assoc).await;
-                                let _ = done.send(());
-                                break 'outer;
-                            }
-                            None => {
-                                // The handle was dropped: leave the pool.
-                                core.deregister(now());
-                                send_all(&handle, assoc, || core.poll_transmit()).await;
-                                let _ = handle.close(assoc).await;
-                                break 'outer;
-                            }
-                        },
-                        ev = endpoint.next_event() => match ev {
-                            Some(Event::Message { id, data, .. }) if id == assoc => core.message(now(), &data),
-                            Some(Event::AssociationDown { id, reason }) if id == assoc => {
-                                tracing::warn!(%reason, "lost the registrar");
-                                core.disconnected(now());
-                                st.registered = false;
-                                let _ = status_tx.send(st.clone());
-                                continue 'outer;
-                            }
-                            Some(_) => {}
-                            None => break 'outer,
-                        },
-                    }
-                    send_all(&handle, assoc, || core.poll_transmit()).await;
-                    while let Some(e) = core.poll_event() {
-                        match e {
-                            PeEvent::Registered { .. } => {
-                                st.registered = true;
-                                st.registrations += 1;
-                            }
-                            PeEvent::Rejected { cause } => {
-                                st.last_reject = Some(format!("{cause:?}"));
-                                tracing::warn!(?cause, "registration rejected");
-                            }
-                            PeEvent::KeepAlive { .. } => st.keep_alives += 1,
-                            PeEvent::RegistrarLost => {
-                                st.registered = false;
-                                let _ = handle.abort(assoc).await;
-                                let _ = status_tx.send(st.clone());
-                                continue 'outer;
-                            }
-                            PeEvent::ProtocolError(e) => {
-                                tracing::warn!(error = %e, "registrar protocol error")
-                            }
-                            PeEvent::Deregistered => st.registered = false,
+                            let _ = done.send(());
+                            break 'outer;
                         }
-                    }
-                    let _ = status_tx.send(st.clone());
+                        Some(PeCommand::Abort(done)) => {
+                            if let Some(a) = assoc {
+                                let _ = handle.abort(a).await;
+                            }
+                            let _ = done.send(());
+                            break 'outer;
+                        }
+                        None => {
+                            // The handle was dropped: leave the pool.
+                            core.deregister(now());
+                            if let Some(a) = assoc {
+                                send_all(&handle, a, || core.poll_transmit()).await;
+                                let _ = handle.close(a).await;
+                            }
+                            break 'outer;
+                        }
+                    },
+                    ev = endpoint.next_event() => match ev {
+                        Some(Event::AssociationUp { id, .. }) if Some(id) == pending => {
+                            pending = None;
+                            assoc = Some(id);
+                            core.connected(now());
+                        }
+                        Some(Event::AssociationUp { id, inbound: true, .. }) => {
+                            // A registrar connecting to us (a new home, RFC 5352 §3.4). Bounded.
+                            if others.len() >= 8 {
+                                let _ = handle.abort(id).await;
+                            } else {
+                                others.push(id);
+                            }
+                        }
+                        Some(Event::AssociationDown { id, reason }) if Some(id) == pending => {
+                            tracing::debug!(%reason, "registrar not reachable");
+                            pending = None;
+                            core.connect_failed(now());
+                        }
+                        Some(Event::AssociationDown { id, reason }) if Some(id) == assoc => {
+                            tracing::warn!(%reason, "lost the registrar");
+                            assoc = None;
+                            st.registered = false;
+                            core.disconnected(now());
+                        }
+                        Some(Event::AssociationDown { id, .. }) => others.retain(|a| *a != id),
+                        Some(Event::Message { id, data, .. }) if Some(id) == assoc => core.message(now(), &data),
+                        Some(Event::Message { id, data, .. }) => core.message_on_other(now(), id.0, &data),
+                        Some(_) => {}
+                        None => break 'outer,
+                    },
                 }
             }
             endpoint.shutdown();
@@ -375,3 +475,9 @@ impl PoolUserClient {
         let _ = self.commands.send(PuCommand::Unreachable(pool, pe)).await;
     }
 }
+
+mod server;
+mod session;
+
+pub use server::{PoolElementServer, ServerStatus};
+pub use session::{OpenError, SessionHandle, SessionSnapshot};

@@ -1,0 +1,213 @@
+# Suite session -- sessions with failover and cookies between rserpool and RSPLIB, over kernel
+# SCTP, on ports 5200-5399. Each step is asserted; the suite fails at the first that does not hold.
+#
+#   1. `rserpool registrar` serves ASAP over SCTP on 127.0.0.1:5200;
+#   2. two `rserpool pe --service pingpong` (sending business cards) register; RSPLIB's
+#      `pingpongclient` gets Acks from one of them; it receives our business card and goes on;
+#   3. the serving PE is killed with SIGKILL: pingpongclient fails over to the other PE, which
+#      restores the reply counter from the echoed cookie (no gap); the time from the kill to the
+#      next Ack is measured;
+#   4. three `rserpool pe --service calcapp`: RSPLIB's `calcappclient` gets a job accepted; the
+#      PE computing it is killed: the job resumes on another PE from its cookie and completes;
+#   5. two RSPLIB `rspserver -pingpong`: `rserpool pu --service pingpong` fails over from the
+#      killed one to the other with the cookie, every Ping answered once, no gap; the time from
+#      the kill to the next Pong is measured;
+#   6. two RSPLIB `rspserver -calcapp`: `rserpool pu --service calcapp` runs a job, the PE is
+#      killed after a cookie came, the job resumes on the other and completes;
+#   7. RSPLIB's `rspterminal` gets its line echoed by `rserpool pe --service echo`.
+# Our PEs register the guest's site-local address 10.255.0.1: RSPLIB's pool users ignore
+# loopback addresses in handle resolutions.
+RS=${RSERPOOL_BIN:?}
+REG=127.0.0.1:5200
+METRICS=127.0.0.1:5201
+LOG=("${RSPLIB_LOG[@]}" -registrar=$REG -asapannounce=off)
+now() { date +%s.%N; }
+# pe_metric PORT NAME: a metric of one of our PEs.
+pe_metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1==k {print $2}'; }
+pe_metric_at_least() { local v; v=$(pe_metric "$1" "$2"); [ -n "$v" ] && [ "$v" -ge "$3" ]; }
+# start_pe NAME SERVICE METRICS_PORT [ARGS...]: one of our PEs, in the background.
+start_pe() {
+    local name=$1 service=$2 mport=$3; shift 3
+    "$RS" pe --service "$service" --transport sctp --registrar $REG --local 10.255.0.1:0 \
+        --metrics 127.0.0.1:"$mport" --rereg-interval 5s --log info "$@" > "$W/$name.log" 2>&1 &
+    pids+=($!)
+    eval "${name}_pid=$!"
+}
+# first_time_after T FILE PATTERN: the stamp (first field, seconds) of the first line matching
+# PATTERN in a file stamped by `stamp`, later than T.
+stamp() { while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done; }
+# stamped NAME: a FIFO whose lines land in $W/NAME stamped with the time they came.
+stamped() { mkfifo "$W/$1.fifo"; stamp < "$W/$1.fifo" > "$W/$1" 2>/dev/null & pids+=($!); }
+# registered POOL N: the registrar has registered N distinct PEs into POOL.
+registered() {
+    [ "$(nocolor < "$W/registrar.log" | grep -o " registered pool=$1 pe=\$[0-9a-f]*" | sort -u | wc -l)" -ge "$2" ]
+}
+# acked_by_other T PE: pingpongclient printed an Ack after T from another PE than PE.
+acked_by_other() {
+    nocolor < "$W/pingpongclient.log" | awk -v t="$1" -v s="$2" '$1 > t && /Ack #/ && index($0, s) == 0 {f=1} END {exit !f}'
+}
+# echoes_except PORT: cookie echoes at our calcapp PEs other than the one on PORT.
+echoes_except() {
+    local n=0 p v
+    for p in 5221 5222 5223; do
+        [ "$p" = "$1" ] && continue
+        v=$(pe_metric $p rserpool_pe_cookie_echoes_total 2>/dev/null || true)
+        n=$(( n + ${v:-0} ))
+    done
+    echo $n
+}
+# completed_after T: calcappclient printed a completed job after T.
+completed_after() {
+    nocolor < "$W/calcappclient.log" | awk -v t="$1" '$1 > t && /completed:/ {f=1} END {exit !f}'
+}
+
+"$RS" registrar --transport sctp --asap $REG --asap-announce off --metrics $METRICS \
+    --min-address-scope loopback --endpoint-keep-alive-transmission-interval 2000 \
+    --endpoint-keep-alive-timeout-interval 5000 --log info > "$W/registrar.log" 2>&1 &
+pids+=($!)
+wait_for 30 "the registrar's metrics" curl -sf "http://$METRICS/healthz"
+say "step 1 ok: rserpool registrar serves ASAP over SCTP on $REG"
+
+# ---------------------------------------------------------------- 2: pingpongclient -> our PEs
+start_pe pp1 pingpong 5211 --business-card true --business-card-refresh 500ms
+start_pe pp2 pingpong 5212 --business-card true --business-card-refresh 500ms
+wait_for 60 "our pingpong PEs to register" registered PingPongPool 2
+sleep 1.5   # let each PE resolve the other for its business card (refresh 500 ms)
+stamped pingpongclient.log; fifo=$W/pingpongclient.log.fifo
+stdbuf -oL -eL pingpongclient -poolhandle=PingPongPool -interval=200 "${LOG[@]}" -loglevel=3 \
+    > "$fifo" 2>&1 &
+PPC=$!; pids+=($PPC)
+wait_for 60 "Acks to pingpongclient" grep -q 'Ack #5 from PE' "$W/pingpongclient.log"
+served=$(nocolor < "$W/pingpongclient.log" | grep -m1 -o 'Ack #1 from PE \$[0-9a-f]*' | awk '{print $NF}')
+if grep -q "PE $served serving" "$W/pp1.log"; then victim=pp1; vport=5211; other=pp2; oport=5212
+elif grep -q "PE $served serving" "$W/pp2.log"; then victim=pp2; vport=5212; other=pp1; oport=5211
+else fail "pingpongclient is served by $served, none of our PEs"; fi
+pe_metric_at_least $vport rserpool_pe_business_cards_sent_total 1 \
+    || fail "our PE sent pingpongclient no business card"
+card_note=$(nocolor < "$W/pingpongclient.log" | grep -i -m1 'business' | cut -c1-160 || true)
+say "step 2 ok: pingpongclient served by our PE $served ($victim), business card sent; RSPLIB: ${card_note:-nothing logged about it}"
+
+# ---------------------------------------------------------------- 3: kill -9 the serving PE
+acks_before=$(nocolor < "$W/pingpongclient.log" | grep -c 'Ack #' || true)
+t_kill=$(now)
+kill -9 "$(eval echo \$${victim}_pid)"
+wait_for 60 "pingpongclient's Acks from the other PE" acked_by_other "$t_kill" "$served"
+wait_for 30 "the cookie echo at the other PE" pe_metric_at_least $oport rserpool_pe_cookie_echoes_total 1
+[ "$(pe_metric $oport rserpool_pe_cookie_echoes_refused_total)" = 0 ] || fail "the other PE refused the cookie"
+t_resumed=$(nocolor < "$W/pingpongclient.log" | awk -v t="$t_kill" -v s="$served" '$1 > t && /Ack #/ && $0 !~ s {print $1; exit}')
+sleep 1.5
+kill -TERM $PPC 2>/dev/null || true
+gaps=$(nocolor < "$W/pingpongclient.log" | grep -c 'Detected gap' || true)
+[ "$gaps" = 0 ] || { nocolor < "$W/pingpongclient.log" | grep -B3 -A1 'Detected gap' | head -20; fail "pingpongclient saw $gaps gap(s) in the reply numbers"; }
+ppc_failover=$(awk -v a="$t_kill" -v b="$t_resumed" 'BEGIN{printf "%.3f", b-a}')
+say "step 3 ok: pingpongclient failed over to our other PE with our cookie, no gap; kill -> next Ack $ppc_failover s"
+
+# ---------------------------------------------------------------- 4: calcappclient -> our PEs
+cat > "$W/calcapp-pe.toml" <<'EOF'
+[service-config.calcapp]
+cookie_max_time = "300ms"
+EOF
+start_pe ca1 calcapp 5221 --config "$W/calcapp-pe.toml"
+start_pe ca2 calcapp 5222 --config "$W/calcapp-pe.toml"
+start_pe ca3 calcapp 5223 --config "$W/calcapp-pe.toml"
+wait_for 60 "our calcapp PEs to register" registered CalcAppPool 3
+stamped calcappclient.log; fifo=$W/calcappclient.log.fifo
+stdbuf -oL -eL calcappclient -poolhandle=CalcAppPool -jobsize=6000000 -jobinterval=0.2 \
+    -keepalivetransmissioninterval=1000 -keepalivetimeoutinterval=3000 \
+    -scalar="$W/ca.sca" -vector="$W/ca.vec" "${LOG[@]}" > "$fifo" 2>&1 &
+CAC=$!; pids+=($CAC)
+resumed=""
+for attempt in 1 2 3; do
+    # The PE computing a job: a session and cookies flowing.
+    serving=""
+    end=$(( $(date +%s) + 60 ))
+    while [ -z "$serving" ]; do
+        [ "$(date +%s)" -ge "$end" ] && fail "no calcapp PE got a job"
+        for p in 5221 5222 5223; do
+            if [ "$(pe_metric $p rserpool_pe_sessions)" = 1 ] && pe_metric_at_least $p rserpool_pe_cookies_sent_total 2; then
+                serving=$p; break
+            fi
+        done
+        sleep 0.1
+    done
+    echoes_before=$(echoes_except "$serving")
+    case $serving in 5221) kill -9 "$ca1_pid";; 5222) kill -9 "$ca2_pid";; 5223) kill -9 "$ca3_pid";; esac
+    t_kill=$(now)
+    end=$(( $(date +%s) + 30 ))
+    while [ "$(date +%s)" -lt "$end" ]; do
+        [ "$(echoes_except "$serving")" -gt "$echoes_before" ] && { resumed=$serving; break; }
+        sleep 0.1
+    done
+    [ -n "$resumed" ] && break
+    say "      (attempt $attempt: the killed PE's job had just completed; trying again)"
+done
+[ -n "$resumed" ] || fail "calcappclient never resumed a job from its cookie"
+completed_before=$(nocolor < "$W/calcappclient.log" | awk -v t="$t_kill" '$1 <= t' | grep -c 'completed:' || true)
+wait_for 120 "the resumed job to complete" completed_after "$t_kill"
+job=$(nocolor < "$W/calcappclient.log" | awk -v t="$t_kill" '$1 > t && /completed:/ {print $3; exit}')
+kill -TERM $CAC 2>/dev/null || true
+say "step 4 ok: calcappclient's job resumed on another of our PEs from its cookie after kill -9 of PE :$resumed, job $job completed ($completed_before completed before)"
+
+# ---------------------------------------------------------------- 5: our PU -> rspserver -pingpong
+for i in 1 2; do
+    stdbuf -oL rspserver -pingpong -poolhandle=RspPingPong "${LOG[@]}" > "$W/rsp-pp$i.log" 2>&1 &
+    pids+=($!); eval "rpp${i}_pid=$!"
+done
+wait_for 60 "the rspserver pingpong PEs to register" registered RspPingPong 2
+stamped pu-pp.out; fifo=$W/pu-pp.out.fifo
+"$RS" pu --service pingpong --pool-handle RspPingPong --transport sctp --registrar $REG \
+    --count 40 --interval 200ms > "$fifo" 2> "$W/pu-pp.err" &
+PU=$!; pids+=($PU)
+wait_for 60 "Pongs from rspserver" grep -q 'Pong #5:' "$W/pu-pp.out"
+served=$(grep -m1 -o 'bound to PE \$[0-9a-f]*' "$W/pu-pp.err" | awk '{print $NF}')
+if grep -q "${served#\$}" "$W/rsp-pp1.log"; then victim=$rpp1_pid; else victim=$rpp2_pid; fi
+t_kill=$(now)
+kill -9 "$victim"
+wait $PU || fail "our PU failed: $(tail -n 3 "$W/pu-pp.err")"
+grep -q "failover: PE $served -> " "$W/pu-pp.err" || fail "no failover from $served reported"
+grep -q "cookie echoed" "$W/pu-pp.err" || fail "the failover echoed no cookie"
+grep -q 'pingpong: 40 answered, .* 0 duplicate(s), 0 gap(s), 1 failover(s)' "$W/pu-pp.out" \
+    || fail "not every Ping answered once without gap: $(grep 'pingpong:' "$W/pu-pp.out")"
+t_resumed=$(awk -v t="$t_kill" '$1 > t && /Pong #/ {print $1; exit}' "$W/pu-pp.out")
+pu_failover=$(awk -v a="$t_kill" -v b="$t_resumed" 'BEGIN{printf "%.3f", b-a}')
+say "step 5 ok: $(grep 'failover:' "$W/pu-pp.err"); $(grep 'pingpong:' "$W/pu-pp.out" | cut -d' ' -f2-); kill -> next Pong $pu_failover s"
+say "      $(grep '^session:' "$W/pu-pp.err")"
+
+# ---------------------------------------------------------------- 6: our PU -> rspserver -calcapp
+for i in 1 2; do
+    stdbuf -oL rspserver -calcapp -poolhandle=RspCalcApp "${LOG[@]}" > "$W/rsp-ca$i.log" 2>&1 &
+    pids+=($!); eval "rca${i}_pid=$!"
+done
+wait_for 60 "the rspserver calcapp PEs to register" registered RspCalcApp 2
+cat > "$W/calcapp-pu.toml" <<'EOF'
+[service-config.calcapp_client]
+job_size = 9000000.0
+fixed_job_size = true
+job_interval = "10ms"
+EOF
+"$RS" pu --service calcapp --pool-handle RspCalcApp --transport sctp --registrar $REG \
+    --count 1 --config "$W/calcapp-pu.toml" > "$W/pu-ca.out" 2> "$W/pu-ca.err" &
+PU=$!; pids+=($PU)
+# rspserver sends a job's first cookie after 5 s (-capcookiemaxtime).
+wait_for 60 "a cookie from rspserver -calcapp" grep -q 'cookie received' "$W/pu-ca.err"
+served=$(grep -m1 -o 'bound to PE \$[0-9a-f]*' "$W/pu-ca.err" | awk '{print $NF}')
+if grep -q "${served#\$}" "$W/rsp-ca1.log"; then victim=$rca1_pid; else victim=$rca2_pid; fi
+kill -9 "$victim"
+wait $PU || fail "our calcapp PU failed: $(tail -n 3 "$W/pu-ca.err")"
+grep -q "failover: PE $served -> .*cookie echoed" "$W/pu-ca.err" || fail "no failover with cookie: $(cat "$W/pu-ca.err")"
+grep -q 'calcapp: 1 job(s) completed, 1 failover(s)' "$W/pu-ca.out" || fail "the job did not complete: $(cat "$W/pu-ca.out")"
+say "step 6 ok: $(grep 'failover:' "$W/pu-ca.err"); $(grep 'completed:' "$W/pu-ca.out")"
+
+# ---------------------------------------------------------------- 7: rspterminal -> our echo PE
+start_pe echo echo 5231
+wait_for 60 "our echo PE to register" registered EchoPool 1
+MSG="Hello from rspterminal through rserpool"
+echo "$MSG" | rspterminal -poolhandle=EchoPool "${LOG[@]}" > "$W/rspterminal.log" 2>&1 &
+TERM_PID=$!; pids+=($TERM_PID)
+wait_for 60 "our echo PE to answer" pe_metric_at_least 5231 rserpool_pe_messages_sent_total 1
+sleep 1; kill -TERM $TERM_PID 2>/dev/null; wait $TERM_PID 2>/dev/null || true
+line=$(nocolor < "$W/rspterminal.log" | grep -F "$MSG" | head -n1)
+[ -n "$line" ] || fail "rspterminal did not print the echo"
+say "step 7 ok: rspterminal got its line back from our echo PE: $line"
+say "FIGURES: failover kill->next reply over SCTP: RSPLIB pingpongclient with our PEs $ppc_failover s; our PU with RSPLIB's PEs $pu_failover s"
+say "SUITE RESULT: OK"
