@@ -20,6 +20,7 @@
 pub mod config;
 pub mod core;
 pub mod driver;
+pub mod nat;
 pub mod source;
 
 pub use config::{Config, ConfigError, Overrides};
@@ -58,6 +59,11 @@ pub struct LsnatArgs {
     /// --pool-handle).
     #[arg(long, value_name = "NAME")]
     pub policy: Option<String>,
+    /// Data plane: proxy (the userspace relay, the default) or nat (the kernel translates
+    /// packets through an nftables table the gateway owns; needs root and nftables, and falls
+    /// back to the proxy, saying so, where the kernel cannot be programmed).
+    #[arg(long, value_name = "proxy|nat")]
+    pub mode: Option<String>,
     /// Address of the HTTP status and metrics endpoint (GET /status, GET /metrics).
     #[arg(long, value_name = "ADDR")]
     pub status: Option<String>,
@@ -76,6 +82,7 @@ impl LsnatArgs {
             listen: self.listen.clone(),
             members: self.member.clone(),
             policy: self.policy.clone(),
+            mode: self.mode.clone(),
             status: self.status.clone(),
             threads: self.threads,
             pool_handle: self.pool_handle.clone(),

@@ -137,10 +137,12 @@ impl Running {
 /// Starts a gateway: binds the listeners and the status endpoint, starts the member source,
 /// the timers and the probes. Returns once everything is listening.
 pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Result<Running> {
-    let core = Gateway::new(
-        config.core.clone(),
-        Box::new(rand::rngs::StdRng::from_os_rng()),
-    );
+    let nat = prepare_nat(&config).await?;
+    let core_config = match &nat {
+        Some(_) => crate::nat::core_config(config.core.clone()),
+        None => config.core.clone(),
+    };
+    let core = Gateway::new(core_config, Box::new(rand::rngs::StdRng::from_os_rng()));
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
@@ -192,7 +194,19 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     }
 
     let mut listeners = Vec::new();
-    for l in shared.config.listeners.clone() {
+    let proxy_listeners = match nat {
+        Some(prepared) => {
+            listeners = prepared.listeners();
+            tasks.spawn(crate::nat::run(
+                shared.clone(),
+                prepared,
+                shutdown_rx.clone(),
+            ));
+            Vec::new()
+        }
+        None => shared.config.listeners.clone(),
+    };
+    for l in proxy_listeners {
         match l.protocol {
             Protocol::Tcp => {
                 let listener = tcp::bind(l.address)?;
@@ -239,6 +253,33 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
         shutdown,
         tasks,
     })
+}
+
+/// NAT mode where asked for and possible; None means the proxy serves (the reason is logged).
+async fn prepare_nat(config: &Config) -> std::io::Result<Option<crate::nat::Prepared>> {
+    if config.mode != crate::config::Mode::Nat {
+        tracing::info!("proxy mode: the gateway relays each session in user space");
+        return Ok(None);
+    }
+    let c = config.clone();
+    let r = tokio::task::spawn_blocking(move || crate::nat::prepare(&c))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    match r {
+        Ok(p) => {
+            tracing::info!("NAT mode: {}", crate::nat::describe(&config.nat));
+            Ok(Some(p))
+        }
+        Err(reason) if config.nat.required => Err(std::io::Error::other(format!(
+            "NAT mode cannot run: {reason} (nat.required is set)"
+        ))),
+        Err(reason) => {
+            tracing::warn!(
+                "NAT mode cannot run: {reason}; serving in PROXY mode instead (the userspace relay; set nat.required = true to refuse to start)"
+            );
+            Ok(None)
+        }
+    }
 }
 
 fn apply_update(shared: &Shared, u: SourceUpdate) {
