@@ -543,3 +543,231 @@ pub fn describe(n: &NatConfig) -> String {
         n.table, n.source_nat, n.refresh, n.max_slots
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::member::{Health, MemberSpec};
+    use crate::core::policy::LoadSharePolicy;
+    use conntrack::Counter;
+    use rand::SeedableRng;
+
+    const VIP: &str = "10.0.1.2:8080";
+
+    fn gateway() -> Gateway {
+        let cfg = core_config(CoreConfig::default());
+        let mut g = Gateway::new(cfg, Box::new(rand::rngs::StdRng::seed_from_u64(1)));
+        g.set_members(
+            Duration::ZERO,
+            vec![
+                MemberSpec::new("10.0.2.2:7000".parse().unwrap()),
+                MemberSpec::new("10.0.2.3:7000".parse().unwrap()),
+            ],
+        );
+        g
+    }
+
+    fn ev(kind: CtKind, client_port: u16, member: &str) -> CtEvent {
+        CtEvent {
+            kind,
+            id: None,
+            protocol: Protocol::Tcp,
+            client: SocketAddr::new("10.0.1.1".parse().unwrap(), client_port),
+            virtual_address: VIP.parse().unwrap(),
+            member: Some(member.parse().unwrap()),
+            seen_reply: false,
+            dnat: true,
+            tcp_state: Some(tcp_state::SYN_SENT),
+            client_closed_first: None,
+            to_member: None,
+            to_client: None,
+        }
+    }
+
+    struct Harness {
+        core: Gateway,
+        tracked: HashMap<FlowKey, Tracked>,
+        stats: Stats,
+    }
+
+    impl Harness {
+        fn new() -> Harness {
+            Harness {
+                core: gateway(),
+                tracked: HashMap::new(),
+                stats: Stats::default(),
+            }
+        }
+        fn feed(&mut self, t_ms: u64, e: CtEvent) {
+            let ours = |f: &FlowKey| f.virtual_address == VIP.parse::<SocketAddr>().unwrap();
+            handle(
+                &mut self.core,
+                Duration::from_millis(t_ms),
+                e,
+                "kernel-map:round-robin",
+                &ours,
+                &mut self.tracked,
+                &mut self.stats,
+            );
+        }
+    }
+
+    #[test]
+    fn a_closed_tcp_session_gets_every_receipt_from_conntrack() {
+        let mut h = Harness::new();
+        h.feed(10, ev(CtKind::New, 40000, "10.0.2.3:7000"));
+        assert_eq!(h.core.active_sessions(), 1);
+        let mut e = ev(CtKind::Update, 40000, "10.0.2.3:7000");
+        e.seen_reply = true;
+        e.tcp_state = Some(tcp_state::SYN_RECV);
+        h.feed(11, e);
+        let mut e = ev(CtKind::Update, 40000, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::FIN_WAIT);
+        e.client_closed_first = Some(true);
+        h.feed(20, e);
+        let mut e = ev(CtKind::Destroy, 40000, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::TIME_WAIT);
+        e.to_member = Some(Counter {
+            packets: 6,
+            bytes: 330,
+        });
+        e.to_client = Some(Counter {
+            packets: 5,
+            bytes: 290,
+        });
+        h.feed(2000, e);
+        assert_eq!(h.core.active_sessions(), 0);
+        let r = h.core.recent_outcomes().last().unwrap().clone();
+        assert_eq!(r.selected[0].by, "kernel-map:round-robin");
+        assert_eq!(
+            r.bound.as_ref().unwrap().address,
+            "10.0.2.3:7000".parse().unwrap()
+        );
+        assert_eq!(r.opened_ms, 10);
+        assert_eq!(r.connected_ms, Some(11));
+        assert_eq!(r.reached_ms, Some(11));
+        assert_eq!((r.bytes_to_member, r.bytes_to_client), (330, 290));
+        assert_eq!(r.outcome, Some(Outcome::Closed));
+        assert_eq!(r.ended_ms, Some(2000));
+        assert!(h.tracked.is_empty());
+    }
+
+    #[test]
+    fn a_refused_connection_is_connect_failed_and_evidence_against_the_member() {
+        let mut h = Harness::new();
+        for (i, port) in [40001u16, 40002, 40003].into_iter().enumerate() {
+            let t = 100 * i as u64;
+            h.feed(t, ev(CtKind::New, port, "10.0.2.2:7000"));
+            // The member answered the SYN with a RST: CLOSE without passing SYN_RECV.
+            let mut e = ev(CtKind::Update, port, "10.0.2.2:7000");
+            e.seen_reply = true;
+            e.tcp_state = Some(tcp_state::CLOSE);
+            h.feed(t + 1, e);
+            let mut e = ev(CtKind::Destroy, port, "10.0.2.2:7000");
+            e.tcp_state = Some(tcp_state::CLOSE);
+            h.feed(t + 2, e);
+        }
+        assert_eq!(h.core.outcome_count("connect_failed"), 3);
+        let m = h.core.member_id("10.0.2.2:7000").unwrap();
+        assert_eq!(h.core.member_health(m), Some(Health::Dead));
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert!(r.reached_ms.is_none());
+    }
+
+    #[test]
+    fn a_reset_after_the_answer_is_recorded_without_a_side() {
+        let mut h = Harness::new();
+        h.feed(0, ev(CtKind::New, 40010, "10.0.2.2:7000"));
+        let mut e = ev(CtKind::Update, 40010, "10.0.2.2:7000");
+        e.tcp_state = Some(tcp_state::ESTABLISHED);
+        e.seen_reply = true;
+        h.feed(1, e);
+        let mut e = ev(CtKind::Destroy, 40010, "10.0.2.2:7000");
+        e.tcp_state = Some(tcp_state::CLOSE);
+        h.feed(5, e);
+        assert_eq!(h.core.outcome_count("reset_unattributed"), 1);
+    }
+
+    #[test]
+    fn udp_flows_are_reached_by_a_reply_and_end_on_conntracks_timer() {
+        let mut h = Harness::new();
+        let mut e = ev(CtKind::New, 5000, "10.0.2.2:7000");
+        e.protocol = Protocol::Udp;
+        e.tcp_state = None;
+        h.feed(0, e.clone());
+        let mut u = e.clone();
+        u.kind = CtKind::Update;
+        u.seen_reply = true;
+        h.feed(3, u);
+        let mut d = e.clone();
+        d.kind = CtKind::Destroy;
+        h.feed(30_000, d);
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert_eq!(r.reached_ms, Some(3));
+        assert_eq!(r.outcome, Some(Outcome::IdleTimeout { state: "udp" }));
+        // A flow nobody answered.
+        let mut e = ev(CtKind::New, 5001, "10.0.2.3:7000");
+        e.protocol = Protocol::Udp;
+        h.feed(40_000, e.clone());
+        e.kind = CtKind::Destroy;
+        h.feed(70_000, e);
+        assert_eq!(h.core.outcome_count("connect_failed"), 1);
+    }
+
+    #[test]
+    fn other_flows_untranslated_flows_and_unknown_members_are_not_sessions() {
+        let mut h = Harness::new();
+        let mut e = ev(CtKind::New, 1, "10.0.2.2:7000");
+        e.virtual_address = "10.0.1.2:9999".parse().unwrap();
+        h.feed(0, e);
+        let mut e = ev(CtKind::New, 2, "10.0.2.2:7000");
+        e.dnat = false;
+        h.feed(0, e);
+        h.feed(0, ev(CtKind::New, 3, "10.9.9.9:7000"));
+        // A destroy for a session never seen.
+        h.feed(0, ev(CtKind::Destroy, 4, "10.0.2.2:7000"));
+        assert_eq!(h.core.active_sessions(), 0);
+        assert_eq!((h.stats.untranslated, h.stats.unknown_member), (1, 1));
+    }
+
+    #[test]
+    fn a_session_seen_first_in_an_update_is_adopted() {
+        let mut h = Harness::new();
+        let mut e = ev(CtKind::Update, 7, "10.0.2.2:7000");
+        e.tcp_state = Some(tcp_state::ESTABLISHED);
+        e.seen_reply = true;
+        h.feed(0, e);
+        assert_eq!(h.core.active_sessions(), 1);
+        assert_eq!(h.stats.adopted, 1);
+    }
+
+    #[test]
+    fn the_program_follows_the_core_dead_members_leave_the_map() {
+        let mut h = Harness::new();
+        let l = vec![NatListener {
+            address: "10.0.1.2:8080".parse().unwrap(),
+            protocol: Protocol::Tcp,
+        }];
+        let p = program(&h.core, Duration::ZERO, &l, 256);
+        assert_eq!(p.map.slots.len(), 2);
+        assert_eq!(p.map.fidelity, plan::Fidelity::Exact);
+        let m = h.core.member_id("10.0.2.3:7000").unwrap();
+        for i in 0..5 {
+            h.core.probe_result(
+                Duration::from_millis(i),
+                m,
+                Err("connection refused".to_string()),
+            );
+        }
+        let p2 = program(&h.core, Duration::from_millis(10), &l, 256);
+        assert_eq!(
+            p2.map.slots,
+            vec![h.core.member_id("10.0.2.2:7000").unwrap()]
+        );
+        assert!(!same_rules(&p, &p2));
+        assert_eq!(
+            by_name(LoadSharePolicy::RoundRobin),
+            "kernel-map:round-robin"
+        );
+    }
+}
