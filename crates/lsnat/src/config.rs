@@ -131,6 +131,60 @@ pub struct Config {
     pub rserpool: Option<RserpoolConfig>,
     /// Notes about accepted but unusual settings (timers below the RFC floors).
     pub warnings: Vec<String>,
+    /// Data plane: proxy or NAT.
+    pub mode: Mode,
+    /// NAT mode settings.
+    pub nat: NatConfig,
+}
+
+/// Which data plane moves the packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// The userspace relay (works anywhere, without privileges).
+    #[default]
+    Proxy,
+    /// The kernel translates packets (nftables DNAT programmed by the gateway, conntrack
+    /// events as receipts); falls back to the proxy when the kernel cannot be programmed,
+    /// unless `nat.required`.
+    Nat,
+}
+
+/// NAT mode settings (`[nat]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatConfig {
+    /// The nftables table the gateway owns (family ip); created, rewritten and removed by it.
+    pub table: String,
+    /// Source translation towards the members: "off", "masquerade" or an IPv4 address.
+    pub source_nat: crate::nat::plan::SourceNat,
+    /// Most slots in the kernel's weight map (weights are scaled to fit).
+    pub max_slots: u32,
+    /// How often the weight map is recomputed from the core's state (and rewritten when it
+    /// changed): bounds how long a member judged dead can still be chosen.
+    pub refresh: Duration,
+    /// Refuse to start (instead of falling back to the proxy) when NAT cannot be programmed.
+    pub required: bool,
+    /// Receive buffer of the conntrack event socket, bytes.
+    pub event_buffer: usize,
+    /// Turn on conntrack accounting (`net.netfilter.nf_conntrack_acct`) so that DESTROY
+    /// events carry byte counters.
+    pub conntrack_accounting: bool,
+    /// Path of the `nft` binary.
+    pub nft: String,
+}
+
+impl Default for NatConfig {
+    fn default() -> Self {
+        NatConfig {
+            table: "rserpool_lsnat".into(),
+            source_nat: crate::nat::plan::SourceNat::Off,
+            max_slots: 256,
+            refresh: Duration::from_millis(100),
+            required: false,
+            event_buffer: 8 << 20,
+            conntrack_accounting: true,
+            nft: "nft".into(),
+        }
+    }
 }
 
 /// Where the members of an RSerPool pool come from: handle resolution at a registrar, repeated.
@@ -151,6 +205,9 @@ pub struct RserpoolConfig {
 #[derive(Deserialize, Default, Debug)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawConfig {
+    mode: Option<String>,
+    #[serde(default)]
+    nat: RawNat,
     #[serde(default, rename = "listener")]
     listeners: Vec<RawListener>,
     #[serde(default)]
@@ -170,6 +227,19 @@ struct RawConfig {
     status: RawStatus,
     #[serde(default)]
     runtime: RawRuntime,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawNat {
+    table: Option<String>,
+    source_nat: Option<String>,
+    max_slots: Option<i64>,
+    refresh: Option<toml::Value>,
+    required: Option<bool>,
+    event_buffer: Option<i64>,
+    conntrack_accounting: Option<bool>,
+    nft: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -285,6 +355,8 @@ pub struct Overrides {
     pub policy: Option<String>,
     /// `--metrics ADDR` (or the deprecated `--status ADDR`).
     pub metrics: Option<String>,
+    /// `--mode proxy|nat`.
+    pub mode: Option<String>,
     /// `--threads N`.
     pub threads: Option<usize>,
     /// `--pool-handle NAME`: members from this RSerPool pool.
@@ -438,6 +510,58 @@ fn cost_value(c: &Checker, field: &str, v: &Option<toml::Value>) -> Result<Cost,
     }
 }
 
+fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
+    use crate::nat::plan::SourceNat;
+    let d = NatConfig::default();
+    let table = match &r.table {
+        None => d.table,
+        Some(t)
+            if !t.is_empty()
+                && t.len() <= 64
+                && t.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-') =>
+        {
+            t.clone()
+        }
+        Some(t) => {
+            return Err(c.err(
+                "nat.table",
+                format!("{t:?}: 1 to 64 characters of letters, digits, '_' or '-'"),
+            ))
+        }
+    };
+    let source_nat = match r.source_nat.as_deref().map(str::trim) {
+        None | Some("off") => SourceNat::Off,
+        Some("masquerade") => SourceNat::Masquerade,
+        Some(a) => SourceNat::To(a.parse().map_err(|_| {
+            c.err(
+                "nat.source-nat",
+                format!("{a:?} is not \"off\", \"masquerade\" or an IPv4 address"),
+            )
+        })?),
+    };
+    let refresh = c.duration("nat.refresh", &r.refresh, d.refresh)?;
+    if refresh < Duration::from_millis(10) || refresh > Duration::from_secs(60) {
+        return Err(c.err("nat.refresh", "must be between 10ms and 60s"));
+    }
+    Ok(NatConfig {
+        table,
+        source_nat,
+        max_slots: c.int("nat.max-slots", r.max_slots, d.max_slots, 1, 65_536)?,
+        refresh,
+        required: r.required.unwrap_or(d.required),
+        event_buffer: c.int(
+            "nat.event-buffer",
+            r.event_buffer,
+            d.event_buffer,
+            65_536,
+            1 << 30,
+        )?,
+        conntrack_accounting: r.conntrack_accounting.unwrap_or(d.conntrack_accounting),
+        nft: r.nft.clone().unwrap_or(d.nft),
+    })
+}
+
 impl Config {
     /// Reads and checks a configuration file.
     pub fn from_file(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
@@ -547,6 +671,9 @@ impl Config {
         }
         if let Some(s) = &ov.metrics {
             raw.metrics = Some(s.clone());
+        }
+        if let Some(m) = &ov.mode {
+            raw.mode = Some(m.clone());
         }
         if let Some(t) = ov.threads {
             raw.runtime.worker_threads = Some(t as i64);
@@ -1055,8 +1182,18 @@ impl Config {
         let mut all_warnings = c.warnings.take();
         all_warnings.extend(warnings);
         let warnings = all_warnings;
+        let mode = match raw.mode.as_deref().map(str::trim) {
+            None | Some("proxy") => Mode::Proxy,
+            Some("nat") => Mode::Nat,
+            Some(other) => {
+                return Err(c.err("mode", format!("{other:?} is not \"proxy\" or \"nat\"")))
+            }
+        };
+        let nat = check_nat(&c, &raw.nat)?;
 
         Ok(Config {
+            mode,
+            nat,
             listeners,
             members,
             core: CoreConfig {

@@ -20,6 +20,7 @@
 pub mod config;
 pub mod core;
 pub mod driver;
+pub mod nat;
 pub mod source;
 
 pub use config::{Config, ConfigError, Overrides};
@@ -62,6 +63,11 @@ pub struct LsnatArgs {
     /// --pool-handle). Aliases are listed in docs/lsnat.md.
     #[arg(long, value_name = "NAME")]
     pub policy: Option<String>,
+    /// Data plane: proxy (the userspace relay, the default) or nat (the kernel translates
+    /// packets through an nftables table the gateway owns; needs root and nftables, and falls
+    /// back to the proxy, saying so, where the kernel cannot be programmed).
+    #[arg(long, value_name = "proxy|nat")]
+    pub mode: Option<String>,
     /// Address of the HTTP endpoint: GET /metrics (Prometheus), GET /status (JSON),
     /// GET /healthz.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -92,6 +98,7 @@ impl LsnatArgs {
             members: self.member.clone(),
             policy: self.policy.clone(),
             metrics: self.metrics.clone().or_else(|| self.status.clone()),
+            mode: self.mode.clone(),
             threads: self.threads,
             pool_handle: self.pool_handle.clone(),
             registrars: self.registrar.clone(),

@@ -1294,6 +1294,144 @@ impl Gateway {
         }
     }
 
+    /// NAT mode: the kernel bound `flow` to the member at `member_address` by the weight map
+    /// the core programmed (`by` names the rule, e.g. "kernel-map:round-robin"). Records the
+    /// selection and binding receipts as the proxy's `open` does, without choosing: the
+    /// choice was made in the kernel from the core's map. Refused (NoMember, no receipt kept)
+    /// when no member has that address. Persistence and session ceilings are the kernel's
+    /// business in this mode (see docs/lsnat.md).
+    pub fn adopt(
+        &mut self,
+        now: Time,
+        flow: FlowKey,
+        member_address: SocketAddr,
+        by: &'static str,
+    ) -> Result<SessionId, RefusalReason> {
+        let member = self
+            .members
+            .values()
+            .filter(|m| m.spec.address == member_address)
+            .min_by_key(|m| m.removed)
+            .map(|m| m.id)
+            .ok_or(RefusalReason::NoMember)?;
+        self.counters.opened += 1;
+        if let Some(old) = self.flows.get(&flow).copied() {
+            self.release_linger(old);
+        }
+        let id = SessionId(self.next_session);
+        self.next_session += 1;
+        let cap = self.cfg.limits.receipt_candidates;
+        let mut inputs: Vec<CandidateInput> = self
+            .members
+            .values()
+            .map(|m| {
+                let excluded = self
+                    .admin_exclusion(m, &[])
+                    .or((!m.liveness.eligible()).then_some("dead"));
+                self.candidate_input(m, now, excluded)
+            })
+            .collect();
+        let omitted = inputs.len().saturating_sub(cap);
+        inputs.truncate(cap);
+        self.count_selected(member);
+        let receipt = Receipt {
+            session: id,
+            protocol: flow.protocol,
+            client: flow.client,
+            virtual_address: flow.virtual_address,
+            opened_ms: ms(now),
+            selected: vec![Selected {
+                at_ms: ms(now),
+                by,
+                member,
+                panic: false,
+                candidates: inputs,
+                candidates_omitted: omitted,
+            }],
+            bound: None,
+            failed_attempts: Vec::new(),
+            connected_ms: None,
+            reached_ms: None,
+            bytes_to_member: 0,
+            bytes_to_client: 0,
+            outcome: None,
+            ended_ms: None,
+        };
+        let state = match flow.protocol {
+            Protocol::Tcp => SessionState::Connecting,
+            Protocol::Udp => SessionState::Udp,
+        };
+        let mut session = Session {
+            flow,
+            member,
+            state,
+            last_activity: now,
+            client_data_at: None,
+            unanswered_reported: false,
+            persist_key: None,
+            queued: None,
+            receipt,
+        };
+        self.bind_to(now, &mut session, member);
+        self.active += 1;
+        self.flows.insert(flow, id);
+        self.sessions.insert(id, session);
+        self.reschedule(id, now);
+        Ok(id)
+    }
+
+    /// The live session of `flow`, if any.
+    pub fn session_of(&self, flow: &FlowKey) -> Option<SessionId> {
+        self.flows.get(flow).copied().filter(|id| {
+            self.sessions
+                .get(id)
+                .is_some_and(|s| s.receipt.outcome.is_none())
+        })
+    }
+
+    /// Every member with the inputs a kernel data plane needs to program its weight map:
+    /// whether the core would offer it to the policy now (health, draining, removal,
+    /// reachability, its session ceiling, the panic threshold) and its slow-start share.
+    pub fn member_snapshots(&self, now: Time) -> Vec<MemberSnapshot> {
+        let per_member = self.cfg.limits.max_sessions_per_member;
+        let mut admissible = 0u32;
+        let mut live = 0u32;
+        for m in self.members.values() {
+            if self.admin_exclusion(m, &[]).is_none() {
+                admissible += 1;
+                if m.liveness.eligible() {
+                    live += 1;
+                }
+            }
+        }
+        let threshold = u32::from(self.cfg.health.panic_threshold_percent.min(100));
+        let panic = threshold > 0 && admissible > 0 && live * 100 < threshold * admissible;
+        self.members
+            .values()
+            .map(|m| {
+                let mut traffic = m.traffic.clone();
+                MemberSnapshot {
+                    id: m.id,
+                    address: m.spec.address,
+                    weight: m.spec.weight,
+                    health: m.liveness.health,
+                    eligible: self.admin_exclusion(m, &[]).is_none()
+                        && (panic || m.liveness.eligible())
+                        && m.sessions < m.limit(per_member),
+                    share: if panic {
+                        1.0
+                    } else {
+                        m.liveness.slow_start_share(now, &self.cfg.health.liveness)
+                    },
+                    sessions: m.sessions,
+                    traffic: traffic.total(now),
+                    cost: m.spec.cost,
+                    removed: m.removed,
+                }
+            })
+            .collect()
+    }
+
     /// A snapshot for the status endpoint: members with their liveness and evidence, live
     /// bindings with their receipts, recent outcomes.
     pub fn status(&self, now: Time) -> Status {
@@ -1375,6 +1513,31 @@ fn outcome_index(o: &Outcome) -> usize {
         .iter()
         .position(|n| *n == o.name())
         .unwrap_or(0)
+}
+
+/// A member's state as a kernel data plane needs it (see [`Gateway::member_snapshots`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberSnapshot {
+    /// The gateway's number for it.
+    pub id: MemberId,
+    /// Where sessions go.
+    pub address: SocketAddr,
+    /// Configured weight (0: draining).
+    pub weight: u32,
+    /// Liveness state.
+    pub health: Health,
+    /// Whether the core would offer it to the policy now.
+    pub eligible: bool,
+    /// Slow start: the share of its weight it gets now (1.0 outside probation).
+    pub share: f64,
+    /// Sessions bound.
+    pub sessions: u32,
+    /// Traffic over the window.
+    pub traffic: u64,
+    /// Route cost.
+    pub cost: Cost,
+    /// No longer listed by the member source (leaves when its sessions end).
+    pub removed: bool,
 }
 
 /// A member in the status report.

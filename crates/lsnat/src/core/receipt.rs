@@ -66,6 +66,9 @@ pub enum Outcome {
         /// Who reset.
         by: Side,
     },
+    /// A reset ended it, seen by the kernel's connection tracking (NAT mode), which does not
+    /// record which side sent it.
+    ResetUnattributed,
     /// An idle timer ran out.
     IdleTimeout {
         /// The session state whose timer it was.
@@ -103,6 +106,7 @@ impl fmt::Display for Outcome {
         match self {
             Outcome::Closed => f.write_str("closed"),
             Outcome::Reset { by } => write!(f, "reset by the {by}"),
+            Outcome::ResetUnattributed => f.write_str("reset (side unknown)"),
             Outcome::IdleTimeout { state } => write!(f, "idle timeout ({state})"),
             Outcome::MemberLost { reason } => write!(f, "member lost: {reason}"),
             Outcome::ConnectFailed { reason } => write!(f, "connect failed: {reason}"),
@@ -119,6 +123,7 @@ impl Outcome {
         match self {
             Outcome::Closed => "closed",
             Outcome::Reset { .. } => "reset",
+            Outcome::ResetUnattributed => "reset_unattributed",
             Outcome::IdleTimeout { .. } => "idle_timeout",
             Outcome::MemberLost { .. } => "member_lost",
             Outcome::ConnectFailed { .. } => "connect_failed",
@@ -129,9 +134,10 @@ impl Outcome {
     }
 
     /// Every outcome name, for metrics.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "closed",
         "reset",
+        "reset_unattributed",
         "idle_timeout",
         "member_lost",
         "connect_failed",

@@ -137,16 +137,18 @@ impl Running {
 /// Starts a gateway: binds the listeners and the status endpoint, starts the member source,
 /// the timers and the probes. Returns once everything is listening.
 pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Result<Running> {
-    let core = Gateway::new(
-        config.core.clone(),
-        Box::new(rand::rngs::StdRng::from_os_rng()),
-    );
+    let nat = prepare_nat(&config).await?;
+    let core_config = match &nat {
+        Some(_) => crate::nat::core_config(config.core.clone()),
+        None => config.core.clone(),
+    };
+    let core = Gateway::new(core_config, Box::new(rand::rngs::StdRng::from_os_rng()));
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
     // Everything is bound before anything is announced or started: a port in use stops the
     // gateway with the address named, not after a "listening" line.
-    let bound = bind_all(&config).await?;
+    let bound = bind_all(&config, nat.is_none()).await?;
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
             core,
@@ -195,6 +197,15 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     }
 
     let mut listeners = Vec::new();
+    if let Some(prepared) = nat {
+        // NAT mode: the kernel translates; nothing is bound in user space for the listeners.
+        listeners = prepared.listeners();
+        tasks.spawn(crate::nat::run(
+            shared.clone(),
+            prepared,
+            shutdown_rx.clone(),
+        ));
+    }
     for (p, local, listener) in bound.listeners {
         tracing::info!(address = %local, protocol = p.name(), "listening");
         listeners.push((p, local));
@@ -245,10 +256,11 @@ fn bind_error(what: &str, addr: SocketAddr, e: std::io::Error) -> std::io::Error
     std::io::Error::new(e.kind(), format!("{what} {addr}: {e}"))
 }
 
-/// Binds the listeners and the HTTP endpoint of `config`.
-async fn bind_all(config: &Config) -> std::io::Result<Bound> {
+/// Binds the HTTP endpoint of `config` and, unless the kernel translates (NAT mode), its
+/// listeners.
+async fn bind_all(config: &Config, with_listeners: bool) -> std::io::Result<Bound> {
     let mut listeners = Vec::new();
-    for l in &config.listeners {
+    for l in config.listeners.iter().filter(|_| with_listeners) {
         let (local, b) = match l.protocol {
             Protocol::Tcp => {
                 let s = tcp::bind(l.address).map_err(|e| bind_error("TCP listener", l.address, e))?;
@@ -274,7 +286,36 @@ async fn bind_all(config: &Config) -> std::io::Result<Bound> {
 
 /// Checks that everything `config` would bind can be bound now (`--check`), then lets go.
 pub async fn try_bind(config: &Config) -> std::io::Result<()> {
-    bind_all(config).await.map(drop)
+    bind_all(config, config.mode != crate::config::Mode::Nat)
+        .await
+        .map(drop)
+    }
+
+/// NAT mode where asked for and possible; None means the proxy serves (the reason is logged).
+async fn prepare_nat(config: &Config) -> std::io::Result<Option<crate::nat::Prepared>> {
+    if config.mode != crate::config::Mode::Nat {
+        tracing::info!("proxy mode: the gateway relays each session in user space");
+        return Ok(None);
+    }
+    let c = config.clone();
+    let r = tokio::task::spawn_blocking(move || crate::nat::prepare(&c))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    match r {
+        Ok(p) => {
+            tracing::info!("NAT mode: {}", crate::nat::describe(&config.nat));
+            Ok(Some(p))
+        }
+        Err(reason) if config.nat.required => Err(std::io::Error::other(format!(
+            "NAT mode cannot run: {reason} (nat.required is set)"
+        ))),
+        Err(reason) => {
+            tracing::warn!(
+                "NAT mode cannot run: {reason}; serving in PROXY mode instead (the userspace relay; set nat.required = true to refuse to start)"
+            );
+            Ok(None)
+        }
+    }
 }
 
 fn apply_update(shared: &Shared, u: SourceUpdate) {

@@ -1,0 +1,480 @@
+//! Conntrack events over netlink (ctnetlink): how NAT mode learns what the kernel did with
+//! each session. NEW is the binding, an update with a reply seen is the member answering,
+//! DESTROY carries the connection's counters and last state (the outcome).
+//!
+//! Messages are decoded with `netlink-packet-netfilter`; the counters (which that crate leaves
+//! as raw attributes) are read with `netlink-packet-core`'s attribute iterator.
+
+use crate::core::Protocol;
+use netlink_packet_core::{
+    NetlinkBuffer, NetlinkDeserializable, NetlinkHeader, NlasIterator, Parseable,
+};
+use netlink_packet_netfilter::conntrack::{
+    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Tuple,
+};
+use netlink_packet_netfilter::conntrack::{Protocol as CtProto, Status};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+
+/// Which conntrack event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtKind {
+    /// A connection was created (the first packet passed, its NAT binding is set).
+    New,
+    /// A connection changed (status or TCP state).
+    Update,
+    /// A connection ended (timed out, closed, reset, or was deleted).
+    Destroy,
+}
+
+/// TCP states as conntrack numbers them (`enum tcp_conntrack`).
+pub mod tcp_state {
+    /// SYN sent by the client, no answer yet.
+    pub const SYN_SENT: u8 = 1;
+    /// The member answered the SYN.
+    pub const SYN_RECV: u8 = 2;
+    /// Both directions open.
+    pub const ESTABLISHED: u8 = 3;
+    /// One FIN seen.
+    pub const FIN_WAIT: u8 = 4;
+    /// One FIN seen and acknowledged.
+    pub const CLOSE_WAIT: u8 = 5;
+    /// Both FINs seen, the last one unacknowledged.
+    pub const LAST_ACK: u8 = 6;
+    /// Both FINs seen and acknowledged: closed in order.
+    pub const TIME_WAIT: u8 = 7;
+    /// Reset (or closed by RST after FIN).
+    pub const CLOSE: u8 = 8;
+}
+
+/// `IP_CT_TCP_FLAG_CLOSE_INIT`: this direction sent the first FIN.
+const TCP_FLAG_CLOSE_INIT: u8 = 0x04;
+
+const CTA_COUNTERS_ORIG: u16 = 9;
+const CTA_COUNTERS_REPLY: u16 = 10;
+const CTA_COUNTERS_PACKETS: u16 = 1;
+const CTA_COUNTERS_BYTES: u16 = 2;
+const CTA_ID: u16 = 12;
+
+/// Packets and bytes of one direction of a connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (IP packets, headers included).
+    pub bytes: u64,
+}
+
+/// One conntrack event, reduced to what the gateway needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CtEvent {
+    /// New, update or destroy.
+    pub kind: CtKind,
+    /// Conntrack's id for the connection, if sent.
+    pub id: Option<u32>,
+    /// TCP or UDP (other protocols are not reported).
+    pub protocol: Protocol,
+    /// The client (original source).
+    pub client: SocketAddr,
+    /// The address the client sent to (original destination: the virtual address).
+    pub virtual_address: SocketAddr,
+    /// Where the reply comes from (reply source: the member after DNAT).
+    pub member: Option<SocketAddr>,
+    /// A packet came back from the member.
+    pub seen_reply: bool,
+    /// The kernel translated the destination.
+    pub dnat: bool,
+    /// TCP state, if this is TCP and the event carries it.
+    pub tcp_state: Option<u8>,
+    /// TCP: which side sent the first FIN, if one did (true: the client).
+    pub client_closed_first: Option<bool>,
+    /// Client to member (only with `nf_conntrack_acct` on; DESTROY events).
+    pub to_member: Option<Counter>,
+    /// Member to client.
+    pub to_client: Option<Counter>,
+}
+
+/// Why a message was not an event the gateway uses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CtParseError {
+    /// The bytes were not a netlink message.
+    #[error("malformed netlink message: {0}")]
+    Malformed(String),
+    /// A message without the original or reply tuple.
+    #[error("conntrack message without {0}")]
+    Missing(&'static str),
+}
+
+const NLM_F_CREATE: u16 = 0x400;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLMSG_OVERRUN: u16 = 4;
+const IPCTNL_MSG_CT_NEW: u16 = 0;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+
+/// Decodes every message in one netlink datagram. Messages of other protocols than TCP and
+/// UDP are skipped (Ok(None)); malformed ones are reported, never a panic.
+pub fn parse_datagram(mut buf: &[u8]) -> Vec<Result<CtEvent, CtParseError>> {
+    let mut out = Vec::new();
+    while buf.len() >= 16 {
+        let nb = match NetlinkBuffer::new_checked(buf) {
+            Ok(b) => b,
+            Err(e) => {
+                out.push(Err(CtParseError::Malformed(e.to_string())));
+                break;
+            }
+        };
+        let len = nb.length() as usize;
+        let aligned = (len + 3) & !3;
+        let msg_type = nb.message_type();
+        if matches!(msg_type, NLMSG_ERROR | NLMSG_DONE | NLMSG_OVERRUN) || msg_type < 16 {
+            buf = &buf[aligned.min(buf.len())..];
+            continue;
+        }
+        let header = match NetlinkHeader::parse(&nb) {
+            Ok(h) => h,
+            Err(e) => {
+                out.push(Err(CtParseError::Malformed(e.to_string())));
+                break;
+            }
+        };
+        match NetfilterMessage::deserialize(&header, nb.payload()) {
+            Ok(m) => match event(&header, m) {
+                Ok(Some(e)) => out.push(Ok(e)),
+                Ok(None) => {}
+                Err(e) => out.push(Err(e)),
+            },
+            Err(e) => out.push(Err(CtParseError::Malformed(e.to_string()))),
+        }
+        buf = &buf[aligned.min(buf.len())..];
+    }
+    out
+}
+
+/// Source, destination, protocol number, source port, destination port of a tuple.
+type Endpoints = (
+    Option<IpAddr>,
+    Option<IpAddr>,
+    Option<u8>,
+    Option<u16>,
+    Option<u16>,
+);
+
+fn endpoints(t: &[Tuple]) -> Endpoints {
+    let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, None, None);
+    for x in t {
+        match x {
+            Tuple::Ip(ips) => {
+                for ip in ips {
+                    match ip {
+                        IPTuple::SourceAddress(a) => src = Some(*a),
+                        IPTuple::DestinationAddress(a) => dst = Some(*a),
+                        _ => {}
+                    }
+                }
+            }
+            Tuple::Proto(ps) => {
+                for p in ps {
+                    match p {
+                        ProtoTuple::Protocol(CtProto::Tcp) => proto = Some(6),
+                        ProtoTuple::Protocol(CtProto::Udp) => proto = Some(17),
+                        ProtoTuple::Protocol(_) => proto = Some(0),
+                        ProtoTuple::SourcePort(x) => sport = Some(*x),
+                        ProtoTuple::DestinationPort(x) => dport = Some(*x),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (src, dst, proto, sport, dport)
+}
+
+fn counter(value: &[u8]) -> Counter {
+    let mut c = Counter::default();
+    for nla in NlasIterator::new(value).flatten() {
+        let v = nla.value();
+        if v.len() >= 8 {
+            let n = u64::from_be_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]]);
+            match nla.kind() {
+                CTA_COUNTERS_PACKETS => c.packets = n,
+                CTA_COUNTERS_BYTES => c.bytes = n,
+                _ => {}
+            }
+        }
+    }
+    c
+}
+
+fn event(header: &NetlinkHeader, m: NetfilterMessage) -> Result<Option<CtEvent>, CtParseError> {
+    let msg = header.message_type & 0xff;
+    let attrs = match m.inner {
+        NetfilterMessageInner::Conntrack(ConntrackMessage::New(a)) => a,
+        NetfilterMessageInner::Conntrack(ConntrackMessage::Delete(a)) => a,
+        _ => return Ok(None),
+    };
+    let kind = match msg {
+        IPCTNL_MSG_CT_NEW if header.flags & NLM_F_CREATE != 0 => CtKind::New,
+        IPCTNL_MSG_CT_NEW => CtKind::Update,
+        IPCTNL_MSG_CT_DELETE => CtKind::Destroy,
+        _ => return Ok(None),
+    };
+    let mut orig = None;
+    let mut reply = None;
+    let mut status = None;
+    let mut tcp_state = None;
+    let mut orig_flags = None;
+    let mut reply_flags = None;
+    let mut to_member = None;
+    let mut to_client = None;
+    let mut id = None;
+    for a in attrs {
+        match a {
+            ConntrackAttribute::CtaTupleOrig(t) => orig = Some(endpoints(&t)),
+            ConntrackAttribute::CtaTupleReply(t) => reply = Some(endpoints(&t)),
+            ConntrackAttribute::CtaStatus(s) => status = Some(s),
+            ConntrackAttribute::CtaProtoInfo(pi) => {
+                for p in pi {
+                    if let ProtoInfo::TCP(tcp) = p {
+                        for t in tcp {
+                            match t {
+                                ProtoInfoTCP::State(s) => tcp_state = Some(s),
+                                ProtoInfoTCP::OriginalFlags(f) => orig_flags = Some(f.flags),
+                                ProtoInfoTCP::ReplyFlags(f) => reply_flags = Some(f.flags),
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+            }
+            ConntrackAttribute::Other(nla) => {
+                use netlink_packet_core::Nla;
+                let mut v = vec![0u8; nla.value_len()];
+                nla.emit_value(&mut v);
+                match nla.kind() & 0x3fff {
+                    CTA_COUNTERS_ORIG => to_member = Some(counter(&v)),
+                    CTA_COUNTERS_REPLY => to_client = Some(counter(&v)),
+                    CTA_ID if v.len() >= 4 => {
+                        id = Some(u32::from_be_bytes([v[0], v[1], v[2], v[3]]))
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    let (src, dst, proto, sport, dport) = orig.ok_or(CtParseError::Missing("original tuple"))?;
+    let protocol = match proto {
+        Some(6) => Protocol::Tcp,
+        Some(17) => Protocol::Udp,
+        _ => return Ok(None),
+    };
+    let (Some(src), Some(dst), Some(sport), Some(dport)) = (src, dst, sport, dport) else {
+        return Err(CtParseError::Missing("original addresses or ports"));
+    };
+    let member = reply.and_then(|(rs, _, _, rsport, _)| Some(SocketAddr::new(rs?, rsport?)));
+    let client_closed_first = match (orig_flags, reply_flags) {
+        (Some(o), _) if o & TCP_FLAG_CLOSE_INIT != 0 => Some(true),
+        (_, Some(r)) if r & TCP_FLAG_CLOSE_INIT != 0 => Some(false),
+        _ => None,
+    };
+    let status = status.unwrap_or(Status::empty());
+    Ok(Some(CtEvent {
+        kind,
+        id,
+        protocol,
+        client: SocketAddr::new(src, sport),
+        virtual_address: SocketAddr::new(dst, dport),
+        member,
+        seen_reply: status.contains(Status::SeenReply),
+        dnat: status.contains(Status::DstNat),
+        tcp_state,
+        client_closed_first,
+        to_member,
+        to_client,
+    }))
+}
+
+/// Multicast groups of ctnetlink (`NFNLGRP_CONNTRACK_*`).
+const GROUP_NEW: u32 = 1;
+const GROUP_UPDATE: u32 = 2;
+const GROUP_DESTROY: u32 = 3;
+
+/// A netlink socket subscribed to conntrack events.
+pub struct Subscription {
+    socket: netlink_sys::Socket,
+}
+
+impl Subscription {
+    /// Opens the socket, joins the NEW, UPDATE and DESTROY groups, asks for a receive buffer
+    /// of `rcvbuf` bytes (forced past `rmem_max` where the process may) and a receive timeout
+    /// so the reading thread can notice shutdown. Needs CAP_NET_ADMIN.
+    pub fn open(rcvbuf: usize, timeout: std::time::Duration) -> std::io::Result<Subscription> {
+        let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
+        socket.bind_auto()?;
+        for g in [GROUP_NEW, GROUP_UPDATE, GROUP_DESTROY] {
+            socket.add_membership(g)?;
+        }
+        let fd = socket.as_raw_fd();
+        let size = rcvbuf.min(i32::MAX as usize) as libc::c_int;
+        // SAFETY: plain setsockopt calls on a socket we own, with correctly sized values.
+        unsafe {
+            let p = &size as *const libc::c_int as *const libc::c_void;
+            let l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, p, l) != 0 {
+                libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, p, l);
+            }
+            let tv = libc::timeval {
+                tv_sec: timeout.as_secs() as libc::time_t,
+                tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+            };
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        Ok(Subscription { socket })
+    }
+
+    /// Receives one datagram (blocking up to the timeout; WouldBlock/TimedOut then).
+    /// ENOBUFS means the kernel dropped events because the buffer was full.
+    pub fn recv(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        buf.clear();
+        self.socket.recv(buf, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+    use netlink_packet_netfilter::conntrack::{ProtoInfo, TCPFlags};
+    use netlink_packet_netfilter::{NetfilterHeader, NetfilterProtoFamily};
+
+    fn tuple(src: &str, sp: u16, dst: &str, dp: u16) -> Vec<Tuple> {
+        vec![
+            Tuple::Ip(vec![
+                IPTuple::SourceAddress(src.parse().unwrap()),
+                IPTuple::DestinationAddress(dst.parse().unwrap()),
+            ]),
+            Tuple::Proto(vec![
+                ProtoTuple::Protocol(CtProto::Tcp),
+                ProtoTuple::SourcePort(sp),
+                ProtoTuple::DestinationPort(dp),
+            ]),
+        ]
+    }
+
+    fn encode(msg: ConntrackMessage, flags: u16) -> Vec<u8> {
+        let kind: u8 = msg.message_type().into();
+        let nf = NetfilterMessage::new(NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0), msg);
+        let mut nl = NetlinkMessage::from(nf);
+        nl.header.flags = flags;
+        nl.finalize();
+        // finalize() computes the type from the payload; it is the subsystem and message.
+        nl.header.message_type = (1u16 << 8) | u16::from(kind);
+        let mut buf = vec![0u8; nl.buffer_len()];
+        nl.serialize(&mut buf);
+        let _ = NetlinkPayload::<NetfilterMessage>::Noop;
+        buf
+    }
+
+    #[test]
+    fn new_event_gives_client_virtual_and_member() {
+        let m = ConntrackMessage::New(vec![
+            ConntrackAttribute::CtaTupleOrig(tuple("10.0.1.1", 40000, "10.0.1.2", 8080)),
+            ConntrackAttribute::CtaTupleReply(tuple("10.0.2.3", 7000, "10.0.1.1", 40000)),
+            ConntrackAttribute::CtaStatus(Status::DstNat | Status::Confirmed),
+        ]);
+        let ev = parse_datagram(&encode(m, NLM_F_CREATE | 0x200));
+        assert_eq!(ev.len(), 1);
+        let e = ev[0].as_ref().unwrap();
+        assert_eq!(e.kind, CtKind::New);
+        assert_eq!(e.protocol, Protocol::Tcp);
+        assert_eq!(e.client, "10.0.1.1:40000".parse().unwrap());
+        assert_eq!(e.virtual_address, "10.0.1.2:8080".parse().unwrap());
+        assert_eq!(e.member, Some("10.0.2.3:7000".parse().unwrap()));
+        assert!(e.dnat);
+        assert!(!e.seen_reply);
+    }
+
+    #[test]
+    fn update_without_create_flag_is_an_update_with_state_and_fin_side() {
+        let m = ConntrackMessage::New(vec![
+            ConntrackAttribute::CtaTupleOrig(tuple("10.0.1.1", 40000, "10.0.1.2", 8080)),
+            ConntrackAttribute::CtaStatus(Status::SeenReply | Status::DstNat),
+            ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(vec![
+                ProtoInfoTCP::State(tcp_state::FIN_WAIT),
+                ProtoInfoTCP::OriginalFlags(TCPFlags::parse(&[TCP_FLAG_CLOSE_INIT, 0xff]).unwrap()),
+            ])]),
+        ]);
+        let ev = parse_datagram(&encode(m, 0));
+        let e = ev[0].as_ref().unwrap();
+        assert_eq!(e.kind, CtKind::Update);
+        assert!(e.seen_reply);
+        assert_eq!(e.tcp_state, Some(tcp_state::FIN_WAIT));
+        assert_eq!(e.client_closed_first, Some(true));
+    }
+
+    #[test]
+    fn destroy_carries_counters() {
+        let mut counters = Vec::new();
+        for (kind, packets, bytes) in [
+            (CTA_COUNTERS_ORIG, 5u64, 420u64),
+            (CTA_COUNTERS_REPLY, 4, 9000),
+        ] {
+            let mut v = Vec::new();
+            for (k, n) in [(CTA_COUNTERS_PACKETS, packets), (CTA_COUNTERS_BYTES, bytes)] {
+                v.extend_from_slice(&12u16.to_ne_bytes());
+                v.extend_from_slice(&k.to_ne_bytes());
+                v.extend_from_slice(&n.to_be_bytes());
+            }
+            counters.push(ConntrackAttribute::Other(
+                netlink_packet_core::DefaultNla::new(kind | 0x8000, v),
+            ));
+        }
+        let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(tuple(
+            "10.0.1.1", 1, "10.0.1.2", 2,
+        ))];
+        attrs.extend(counters);
+        let ev = parse_datagram(&encode(ConntrackMessage::Delete(attrs), 0));
+        let e = ev[0].as_ref().unwrap();
+        assert_eq!(e.kind, CtKind::Destroy);
+        assert_eq!(
+            e.to_member,
+            Some(Counter {
+                packets: 5,
+                bytes: 420
+            })
+        );
+        assert_eq!(
+            e.to_client,
+            Some(Counter {
+                packets: 4,
+                bytes: 9000
+            })
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let mut junk = vec![0xffu8; 64];
+        junk[0..4].copy_from_slice(&200u32.to_ne_bytes());
+        let r = parse_datagram(&junk);
+        assert!(r.iter().all(|x| x.is_err()));
+        assert!(parse_datagram(&[1, 2, 3]).is_empty());
+        // A message truncated inside its attributes.
+        let m = ConntrackMessage::New(vec![ConntrackAttribute::CtaTupleOrig(tuple(
+            "10.0.1.1", 1, "10.0.1.2", 2,
+        ))]);
+        let mut b = encode(m, NLM_F_CREATE);
+        let n = b.len();
+        b[0..4].copy_from_slice(&((n as u32) - 6).to_ne_bytes());
+        let _ = parse_datagram(&b[..n - 6]);
+    }
+}

@@ -1,0 +1,773 @@
+//! NAT mode: the kernel moves the packets, the gateway decides.
+//!
+//! The gateway owns one nftables table (`nat.table`, family ip). New sessions to a virtual
+//! address are translated (DNAT, with port translation where the member's port differs) to a
+//! member drawn from a weight map that the core keeps current ([`plan`]); conntrack events
+//! ([`conntrack`]) become the session receipts: NEW is the binding, a packet back from the
+//! member is "reached", DESTROY with its counters and last TCP state is the outcome.
+//!
+//! The table is created fresh at start (a table left by a gateway that was killed is removed in
+//! the same transaction), rewritten atomically when the map changes, and deleted on a clean
+//! exit. No other table is read or written.
+//!
+//! What this mode cannot know, it does not claim: no first byte (the kernel sees packets, not
+//! the application's bytes), byte counts are the kernel's (IP packets, headers included), and a
+//! reset is recorded without the side that sent it.
+
+pub mod conntrack;
+pub mod plan;
+
+use crate::config::{Config, NatConfig};
+use crate::core::receipt::{Outcome, Side};
+use crate::core::{
+    CoreConfig, FlowKey, Gateway, MemberSnapshot, Protocol, SessionId, Time, Traffic,
+};
+use crate::driver::Shared;
+use conntrack::{tcp_state, CtEvent, CtKind};
+use plan::{MemberView, NatListener, Program, TableSettings};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// What start-up prepared: the table exists (empty), the event socket is subscribed.
+pub struct Prepared {
+    settings: TableSettings,
+    listeners: Vec<NatListener>,
+    subscription: conntrack::Subscription,
+    nft: String,
+}
+
+impl Prepared {
+    /// The virtual addresses the kernel will translate.
+    pub fn listeners(&self) -> Vec<(Protocol, SocketAddr)> {
+        self.listeners
+            .iter()
+            .map(|l| (l.protocol, SocketAddr::V4(l.address)))
+            .collect()
+    }
+}
+
+/// The table settings a configuration asks for.
+pub fn table_settings(config: &Config) -> TableSettings {
+    let p = &config.core.persistence;
+    TableSettings {
+        table: config.nat.table.clone(),
+        source_nat: config.nat.source_nat.clone(),
+        max_slots: config.nat.max_slots,
+        persistence: (!p.timeout.is_zero()).then_some((p.netmask_v4, p.timeout)),
+        persistence_max: p.max_entries.min(u32::MAX as usize) as u32,
+    }
+}
+
+/// Runs the `nft` binary with a JSON batch.
+pub fn apply(nft: &str, batch: &nftables::schema::Nftables<'_>) -> Result<(), String> {
+    nftables::helper::apply_ruleset_with_args(batch, Some(nft), nftables::helper::DEFAULT_ARGS)
+        .map_err(|e| match e {
+            nftables::helper::NftablesError::NftFailed { stderr, hint, .. } => {
+                format!("nft failed while {hint}: {}", stderr.trim())
+            }
+            other => other.to_string(),
+        })
+}
+
+/// The core's settings in NAT mode: the kernel's conntrack owns the idle timers (its
+/// `nf_conntrack_*_timeout` values), so the core's own idle timers are pushed out of the way;
+/// sessions end when conntrack destroys them.
+pub fn core_config(mut c: CoreConfig) -> CoreConfig {
+    let far = Duration::from_secs(30 * 86_400);
+    c.timers.tcp_established = far;
+    c.timers.tcp_transitory = far;
+    c.timers.udp = far;
+    c.timers.tcp_rst_linger = Duration::ZERO;
+    c.health.response_timeout = None;
+    c.health.close_sessions_on_dead = false;
+    c
+}
+
+/// Checks that NAT mode can run and prepares it: IPv4 listeners only, root, the `nft` binary,
+/// a fresh table (cleaning up after a crash), and the conntrack event subscription. Blocking
+/// (runs `nft`). The error says why, for the start-up message.
+pub fn prepare(config: &Config) -> Result<Prepared, String> {
+    let mut listeners = Vec::new();
+    for l in &config.listeners {
+        match l.address {
+            SocketAddr::V4(a) if !a.ip().is_unspecified() && a.port() != 0 => {
+                listeners.push(NatListener {
+                    address: a,
+                    protocol: l.protocol,
+                })
+            }
+            other => {
+                return Err(format!(
+                    "listener {} {other}: NAT mode translates one IPv4 address and port (not 0.0.0.0, not port 0, not IPv6)",
+                    l.protocol.name()
+                ))
+            }
+        }
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not running as root (programming nftables and reading conntrack events need CAP_NET_ADMIN)".into());
+    }
+    let settings = table_settings(config);
+    apply(&config.nat.nft, &plan::fresh_table(&settings))
+        .map_err(|e| format!("cannot program nftables table {}: {e}", settings.table))?;
+    let subscription =
+        conntrack::Subscription::open(config.nat.event_buffer, Duration::from_millis(200))
+            .map_err(|e| {
+                let _ = apply(&config.nat.nft, &plan::remove_table(&settings));
+                format!("cannot subscribe to conntrack events over netlink: {e}")
+            })?;
+    if config.nat.conntrack_accounting {
+        const ACCT: &str = "/proc/sys/net/netfilter/nf_conntrack_acct";
+        match std::fs::read_to_string(ACCT) {
+            Ok(v) if v.trim() == "1" => {}
+            _ => match std::fs::write(ACCT, "1") {
+                Ok(()) => tracing::info!(
+                    "turned on conntrack accounting ({ACCT}) for byte counts in receipts"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot turn on conntrack accounting ({ACCT}); receipts will carry no byte counts")
+                }
+            },
+        }
+    }
+    match std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward") {
+        Ok(v) if v.trim() == "1" => {}
+        _ => tracing::warn!(
+            "IPv4 forwarding is off (net.ipv4.ip_forward): translated packets will not be forwarded to the members"
+        ),
+    }
+    Ok(Prepared {
+        settings,
+        listeners,
+        subscription,
+        nft: config.nat.nft.clone(),
+    })
+}
+
+/// Counters of the NAT data plane (logged at exit).
+#[derive(Debug, Default)]
+struct Stats {
+    events: u64,
+    adopted: u64,
+    untranslated: u64,
+    unknown_member: u64,
+    malformed: u64,
+    lost: u64,
+    map_updates: u64,
+    map_failures: u64,
+}
+
+/// What the driver remembers of a session the kernel bound.
+struct Tracked {
+    id: SessionId,
+    reached: bool,
+    half_closed: bool,
+    tcp_state: Option<u8>,
+}
+
+enum Feed {
+    Events(Vec<CtEvent>, u64),
+    Lost,
+}
+
+fn member_views(snaps: Vec<MemberSnapshot>) -> Vec<MemberView> {
+    snaps
+        .into_iter()
+        .filter_map(|m| match m.address {
+            SocketAddr::V4(a) => Some(MemberView {
+                id: m.id,
+                address: a,
+                weight: m.weight,
+                health: m.health,
+                eligible: m.eligible,
+                share: m.share,
+                sessions: m.sessions,
+                traffic: m.traffic,
+                cost: m.cost,
+            }),
+            SocketAddr::V6(_) => None,
+        })
+        .collect()
+}
+
+/// The program for the core's state now.
+fn program(core: &Gateway, now: Time, listeners: &[NatListener], max_slots: u32) -> Program {
+    Program::new(
+        core.config().policy,
+        listeners.to_vec(),
+        member_views(core.member_snapshots(now)),
+        max_slots,
+    )
+}
+
+/// Whether two programs would produce the same rules (members' session counts and traffic
+/// change all the time and matter only through the map).
+fn same_rules(a: &Program, b: &Program) -> bool {
+    a.map == b.map
+        && a.listeners == b.listeners
+        && a.members.len() == b.members.len()
+        && a.members
+            .iter()
+            .zip(&b.members)
+            .all(|(x, y)| x.id == y.id && x.address == y.address && x.eligible == y.eligible)
+}
+
+/// The selection receipt's rule name for a policy in NAT mode.
+fn by_name(policy: crate::core::policy::LoadSharePolicy) -> &'static str {
+    use crate::core::policy::LoadSharePolicy as P;
+    match policy {
+        P::RoundRobin => "kernel-map:round-robin",
+        P::WeightedRoundRobin => "kernel-map:weighted-round-robin",
+        P::LeastSessions => "kernel-map:least-sessions",
+        P::WeightedLeastSessions => "kernel-map:weighted-least-sessions",
+        P::LeastTraffic => "kernel-map:least-traffic",
+        P::WeightedLeastTraffic => "kernel-map:weighted-least-traffic",
+        P::RouteCost => "kernel-map:route-cost",
+        P::Random => "kernel-map:random",
+        P::WeightedRandom => "kernel-map:weighted-random",
+        P::Pool => "kernel-map:pool-weights",
+    }
+}
+
+/// Runs NAT mode until `stop`: programs the map, follows conntrack, removes the table at the
+/// end.
+pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch::Receiver<bool>) {
+    let Prepared {
+        settings,
+        listeners,
+        mut subscription,
+        nft,
+    } = prepared;
+    let policy = shared.config.core.policy;
+    let by = by_name(policy);
+    let fid = plan::fidelity(policy);
+    tracing::info!(
+        table = %settings.table,
+        policy = %policy,
+        fidelity = ?fid,
+        "NAT mode: the kernel translates packets; policy {} {}",
+        policy,
+        match fid {
+            plan::Fidelity::Exact => "runs exactly in the kernel's weight map (approximated only while a member is in slow start)",
+            plan::Fidelity::Approximated => "is approximated: the kernel takes the members the core prefers now, in turn, refreshed every nat.refresh",
+        }
+    );
+
+    // Conntrack events: a blocking reader thread.
+    let (tx, mut rx) = mpsc::channel::<Feed>(1024);
+    let running = Arc::new(AtomicBool::new(true));
+    let reader = {
+        let running = running.clone();
+        std::thread::Builder::new()
+            .name("lsnat-conntrack".into())
+            .spawn(move || {
+                let mut buf = Vec::with_capacity(1 << 16);
+                while running.load(Ordering::Relaxed) {
+                    match subscription.recv(&mut buf) {
+                        Ok(_) => {
+                            let mut evs = Vec::new();
+                            let mut bad = 0;
+                            for r in conntrack::parse_datagram(&buf) {
+                                match r {
+                                    Ok(e) => evs.push(e),
+                                    Err(_) => bad += 1,
+                                }
+                            }
+                            if (!evs.is_empty() || bad > 0)
+                                && tx.blocking_send(Feed::Events(evs, bad)).is_err()
+                            {
+                                break;
+                            }
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                            if tx.blocking_send(Feed::Lost).is_err() {
+                                break;
+                            }
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock
+                                    | std::io::ErrorKind::TimedOut
+                                    | std::io::ErrorKind::Interrupted
+                            ) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
+                            break;
+                        }
+                    }
+                }
+            })
+    };
+
+    let mut stats = Stats::default();
+    let mut tracked: HashMap<FlowKey, Tracked> = HashMap::new();
+    let mut last: Option<Program> = None;
+    let mut last_lost_log: Option<Instant> = None;
+    let ours = |flow: &FlowKey| {
+        listeners.iter().any(|l| {
+            l.protocol == flow.protocol && SocketAddr::V4(l.address) == flow.virtual_address
+        })
+    };
+
+    let mut iv = tokio::time::interval(shared.config.nat.refresh);
+    iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = iv.tick() => {
+                let next = shared.with(|core, now| program(core, now, &listeners, settings.max_slots));
+                if last.as_ref().is_some_and(|p| same_rules(p, &next)) {
+                    continue;
+                }
+                let batch = plan::refresh(&settings, last.as_ref(), &next);
+                let nft2 = nft.clone();
+                let r = tokio::task::spawn_blocking(move || apply(&nft2, &batch))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()));
+                match r {
+                    Ok(()) => {
+                        stats.map_updates += 1;
+                        tracing::debug!(slots = next.map.slots.len(), "weight map programmed");
+                        last = Some(next);
+                    }
+                    Err(e) => {
+                        stats.map_failures += 1;
+                        tracing::error!(error = %e, "programming the weight map failed; starting again from an empty table");
+                        let s2 = settings.clone();
+                        let nft2 = nft.clone();
+                        let _ = tokio::task::spawn_blocking(move || apply(&nft2, &plan::fresh_table(&s2))).await;
+                        last = None;
+                    }
+                }
+            }
+            feed = rx.recv() => {
+                let Some(feed) = feed else { break };
+                match feed {
+                    Feed::Lost => {
+                        stats.lost += 1;
+                        if last_lost_log.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
+                            last_lost_log = Some(Instant::now());
+                            tracing::warn!(times = stats.lost, "conntrack events were lost (socket buffer full; raise nat.event-buffer): some receipts will be missing");
+                        }
+                    }
+                    Feed::Events(evs, bad) => {
+                        stats.malformed += bad;
+                        shared.with(|core, now| {
+                            for e in evs {
+                                stats.events += 1;
+                                handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                            }
+                        });
+                    }
+                }
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    running.store(false, Ordering::Relaxed);
+    let removed = {
+        let s2 = settings.clone();
+        let nft2 = nft.clone();
+        tokio::task::spawn_blocking(move || apply(&nft2, &plan::remove_table(&s2))).await
+    };
+    match removed {
+        Ok(Ok(())) => {
+            tracing::info!(table = %settings.table, "nftables table removed; sessions already bound continue in the kernel")
+        }
+        other => {
+            tracing::error!(table = %settings.table, result = ?other, "removing the nftables table failed")
+        }
+    }
+    if let Ok(h) = reader {
+        let _ = tokio::task::spawn_blocking(move || h.join()).await;
+    }
+    tracing::info!(?stats, "NAT data plane stopped");
+}
+
+fn handle(
+    core: &mut Gateway,
+    now: Time,
+    e: CtEvent,
+    by: &'static str,
+    ours: &impl Fn(&FlowKey) -> bool,
+    tracked: &mut HashMap<FlowKey, Tracked>,
+    stats: &mut Stats,
+) {
+    let flow = FlowKey {
+        protocol: e.protocol,
+        client: e.client,
+        virtual_address: e.virtual_address,
+    };
+    if !ours(&flow) {
+        return;
+    }
+    if e.kind != CtKind::Destroy && !tracked.contains_key(&flow) {
+        if !e.dnat {
+            stats.untranslated += 1;
+            return;
+        }
+        let Some(member) = e.member else { return };
+        match core.adopt(now, flow, member, by) {
+            Ok(id) => {
+                if e.kind != CtKind::New {
+                    stats.adopted += 1;
+                }
+                tracked.insert(
+                    flow,
+                    Tracked {
+                        id,
+                        reached: false,
+                        half_closed: false,
+                        tcp_state: None,
+                    },
+                );
+            }
+            Err(_) => {
+                stats.unknown_member += 1;
+                return;
+            }
+        }
+    }
+    let Some(t) = tracked.get_mut(&flow) else {
+        return;
+    };
+    if let Some(s) = e.tcp_state {
+        t.tcp_state = Some(s);
+    }
+    let answered = match e.protocol {
+        // The member's SYN-ACK moves conntrack past SYN_SENT; a RST answer goes to CLOSE
+        // without it (refused, not reached).
+        Protocol::Tcp => matches!(
+            t.tcp_state,
+            Some(tcp_state::SYN_RECV..=tcp_state::TIME_WAIT)
+        ),
+        Protocol::Udp => e.seen_reply,
+    };
+    if answered && !t.reached {
+        t.reached = true;
+        if e.protocol == Protocol::Tcp {
+            core.connected(now, t.id);
+        }
+        core.reached(now, t.id);
+    }
+    if e.protocol == Protocol::Tcp
+        && !t.half_closed
+        && matches!(
+            t.tcp_state,
+            Some(tcp_state::FIN_WAIT | tcp_state::CLOSE_WAIT | tcp_state::LAST_ACK)
+        )
+    {
+        t.half_closed = true;
+        let side = match e.client_closed_first {
+            Some(false) => Side::Member,
+            _ => Side::Client,
+        };
+        core.half_closed(now, t.id, side);
+    }
+    if e.kind != CtKind::Destroy {
+        return;
+    }
+    let Some(t) = tracked.remove(&flow) else {
+        return;
+    };
+    let to_member = e.to_member.unwrap_or_default();
+    let to_client = e.to_client.unwrap_or_default();
+    core.activity(
+        now,
+        t.id,
+        Traffic {
+            bytes: to_member.bytes,
+            packets: to_member.packets,
+        },
+        Traffic {
+            bytes: to_client.bytes,
+            packets: to_client.packets,
+        },
+    );
+    match e.protocol {
+        Protocol::Tcp => match t.tcp_state {
+            Some(tcp_state::TIME_WAIT | tcp_state::LAST_ACK) => {
+                core.closed(now, t.id, Outcome::Closed);
+            }
+            Some(tcp_state::CLOSE) if t.reached => {
+                core.closed(now, t.id, Outcome::ResetUnattributed);
+            }
+            Some(tcp_state::CLOSE) => core.member_failed(now, t.id, "connection refused (reset)"),
+            Some(tcp_state::SYN_SENT) | None if !t.reached => {
+                core.member_failed(now, t.id, "no answer to the SYN before conntrack's timeout")
+            }
+            Some(tcp_state::FIN_WAIT | tcp_state::CLOSE_WAIT) => {
+                core.closed(
+                    now,
+                    t.id,
+                    Outcome::IdleTimeout {
+                        state: "half_closed",
+                    },
+                );
+            }
+            _ => {
+                core.closed(
+                    now,
+                    t.id,
+                    Outcome::IdleTimeout {
+                        state: "established",
+                    },
+                );
+            }
+        },
+        Protocol::Udp => {
+            if t.reached {
+                core.closed(now, t.id, Outcome::IdleTimeout { state: "udp" });
+            } else {
+                core.closed(
+                    now,
+                    t.id,
+                    Outcome::ConnectFailed {
+                        reason: "no datagram came back before conntrack's timeout".into(),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// A NAT configuration's one-line description for start-up messages.
+pub fn describe(n: &NatConfig) -> String {
+    format!(
+        "table {}, source NAT {:?}, map refreshed every {:?}, at most {} slots",
+        n.table, n.source_nat, n.refresh, n.max_slots
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::member::{Health, MemberSpec};
+    use crate::core::policy::LoadSharePolicy;
+    use conntrack::Counter;
+    use rand::SeedableRng;
+
+    const VIP: &str = "10.0.1.2:8080";
+
+    fn gateway() -> Gateway {
+        let cfg = core_config(CoreConfig::default());
+        let mut g = Gateway::new(cfg, Box::new(rand::rngs::StdRng::seed_from_u64(1)));
+        g.set_members(
+            Duration::ZERO,
+            vec![
+                MemberSpec::new("10.0.2.2:7000".parse().unwrap()),
+                MemberSpec::new("10.0.2.3:7000".parse().unwrap()),
+            ],
+        );
+        g
+    }
+
+    fn ev(kind: CtKind, client_port: u16, member: &str) -> CtEvent {
+        CtEvent {
+            kind,
+            id: None,
+            protocol: Protocol::Tcp,
+            client: SocketAddr::new("10.0.1.1".parse().unwrap(), client_port),
+            virtual_address: VIP.parse().unwrap(),
+            member: Some(member.parse().unwrap()),
+            seen_reply: false,
+            dnat: true,
+            tcp_state: Some(tcp_state::SYN_SENT),
+            client_closed_first: None,
+            to_member: None,
+            to_client: None,
+        }
+    }
+
+    struct Harness {
+        core: Gateway,
+        tracked: HashMap<FlowKey, Tracked>,
+        stats: Stats,
+    }
+
+    impl Harness {
+        fn new() -> Harness {
+            Harness {
+                core: gateway(),
+                tracked: HashMap::new(),
+                stats: Stats::default(),
+            }
+        }
+        fn feed(&mut self, t_ms: u64, e: CtEvent) {
+            let ours = |f: &FlowKey| f.virtual_address == VIP.parse::<SocketAddr>().unwrap();
+            handle(
+                &mut self.core,
+                Duration::from_millis(t_ms),
+                e,
+                "kernel-map:round-robin",
+                &ours,
+                &mut self.tracked,
+                &mut self.stats,
+            );
+        }
+    }
+
+    #[test]
+    fn a_closed_tcp_session_gets_every_receipt_from_conntrack() {
+        let mut h = Harness::new();
+        h.feed(10, ev(CtKind::New, 40000, "10.0.2.3:7000"));
+        assert_eq!(h.core.active_sessions(), 1);
+        let mut e = ev(CtKind::Update, 40000, "10.0.2.3:7000");
+        e.seen_reply = true;
+        e.tcp_state = Some(tcp_state::SYN_RECV);
+        h.feed(11, e);
+        let mut e = ev(CtKind::Update, 40000, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::FIN_WAIT);
+        e.client_closed_first = Some(true);
+        h.feed(20, e);
+        let mut e = ev(CtKind::Destroy, 40000, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::TIME_WAIT);
+        e.to_member = Some(Counter {
+            packets: 6,
+            bytes: 330,
+        });
+        e.to_client = Some(Counter {
+            packets: 5,
+            bytes: 290,
+        });
+        h.feed(2000, e);
+        assert_eq!(h.core.active_sessions(), 0);
+        let r = h.core.recent_outcomes().last().unwrap().clone();
+        assert_eq!(r.selected[0].by, "kernel-map:round-robin");
+        assert_eq!(
+            r.bound.as_ref().unwrap().address,
+            "10.0.2.3:7000".parse().unwrap()
+        );
+        assert_eq!(r.opened_ms, 10);
+        assert_eq!(r.connected_ms, Some(11));
+        assert_eq!(r.reached_ms, Some(11));
+        assert_eq!((r.bytes_to_member, r.bytes_to_client), (330, 290));
+        assert_eq!(r.outcome, Some(Outcome::Closed));
+        assert_eq!(r.ended_ms, Some(2000));
+        assert!(h.tracked.is_empty());
+    }
+
+    #[test]
+    fn a_refused_connection_is_connect_failed_and_evidence_against_the_member() {
+        let mut h = Harness::new();
+        for (i, port) in [40001u16, 40002, 40003].into_iter().enumerate() {
+            let t = 100 * i as u64;
+            h.feed(t, ev(CtKind::New, port, "10.0.2.2:7000"));
+            // The member answered the SYN with a RST: CLOSE without passing SYN_RECV.
+            let mut e = ev(CtKind::Update, port, "10.0.2.2:7000");
+            e.seen_reply = true;
+            e.tcp_state = Some(tcp_state::CLOSE);
+            h.feed(t + 1, e);
+            let mut e = ev(CtKind::Destroy, port, "10.0.2.2:7000");
+            e.tcp_state = Some(tcp_state::CLOSE);
+            h.feed(t + 2, e);
+        }
+        assert_eq!(h.core.outcome_count("connect_failed"), 3);
+        let m = h.core.member_id("10.0.2.2:7000").unwrap();
+        assert_eq!(h.core.member_health(m), Some(Health::Dead));
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert!(r.reached_ms.is_none());
+    }
+
+    #[test]
+    fn a_reset_after_the_answer_is_recorded_without_a_side() {
+        let mut h = Harness::new();
+        h.feed(0, ev(CtKind::New, 40010, "10.0.2.2:7000"));
+        let mut e = ev(CtKind::Update, 40010, "10.0.2.2:7000");
+        e.tcp_state = Some(tcp_state::ESTABLISHED);
+        e.seen_reply = true;
+        h.feed(1, e);
+        let mut e = ev(CtKind::Destroy, 40010, "10.0.2.2:7000");
+        e.tcp_state = Some(tcp_state::CLOSE);
+        h.feed(5, e);
+        assert_eq!(h.core.outcome_count("reset_unattributed"), 1);
+    }
+
+    #[test]
+    fn udp_flows_are_reached_by_a_reply_and_end_on_conntracks_timer() {
+        let mut h = Harness::new();
+        let mut e = ev(CtKind::New, 5000, "10.0.2.2:7000");
+        e.protocol = Protocol::Udp;
+        e.tcp_state = None;
+        h.feed(0, e.clone());
+        let mut u = e.clone();
+        u.kind = CtKind::Update;
+        u.seen_reply = true;
+        h.feed(3, u);
+        let mut d = e.clone();
+        d.kind = CtKind::Destroy;
+        h.feed(30_000, d);
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert_eq!(r.reached_ms, Some(3));
+        assert_eq!(r.outcome, Some(Outcome::IdleTimeout { state: "udp" }));
+        // A flow nobody answered.
+        let mut e = ev(CtKind::New, 5001, "10.0.2.3:7000");
+        e.protocol = Protocol::Udp;
+        h.feed(40_000, e.clone());
+        e.kind = CtKind::Destroy;
+        h.feed(70_000, e);
+        assert_eq!(h.core.outcome_count("connect_failed"), 1);
+    }
+
+    #[test]
+    fn other_flows_untranslated_flows_and_unknown_members_are_not_sessions() {
+        let mut h = Harness::new();
+        let mut e = ev(CtKind::New, 1, "10.0.2.2:7000");
+        e.virtual_address = "10.0.1.2:9999".parse().unwrap();
+        h.feed(0, e);
+        let mut e = ev(CtKind::New, 2, "10.0.2.2:7000");
+        e.dnat = false;
+        h.feed(0, e);
+        h.feed(0, ev(CtKind::New, 3, "10.9.9.9:7000"));
+        // A destroy for a session never seen.
+        h.feed(0, ev(CtKind::Destroy, 4, "10.0.2.2:7000"));
+        assert_eq!(h.core.active_sessions(), 0);
+        assert_eq!((h.stats.untranslated, h.stats.unknown_member), (1, 1));
+    }
+
+    #[test]
+    fn a_session_seen_first_in_an_update_is_adopted() {
+        let mut h = Harness::new();
+        let mut e = ev(CtKind::Update, 7, "10.0.2.2:7000");
+        e.tcp_state = Some(tcp_state::ESTABLISHED);
+        e.seen_reply = true;
+        h.feed(0, e);
+        assert_eq!(h.core.active_sessions(), 1);
+        assert_eq!(h.stats.adopted, 1);
+    }
+
+    #[test]
+    fn the_program_follows_the_core_dead_members_leave_the_map() {
+        let mut h = Harness::new();
+        let l = vec![NatListener {
+            address: "10.0.1.2:8080".parse().unwrap(),
+            protocol: Protocol::Tcp,
+        }];
+        let p = program(&h.core, Duration::ZERO, &l, 256);
+        assert_eq!(p.map.slots.len(), 2);
+        assert_eq!(p.map.fidelity, plan::Fidelity::Exact);
+        let m = h.core.member_id("10.0.2.3:7000").unwrap();
+        for i in 0..5 {
+            h.core.probe_result(
+                Duration::from_millis(i),
+                m,
+                Err("connection refused".to_string()),
+            );
+        }
+        let p2 = program(&h.core, Duration::from_millis(10), &l, 256);
+        assert_eq!(
+            p2.map.slots,
+            vec![h.core.member_id("10.0.2.2:7000").unwrap()]
+        );
+        assert!(!same_rules(&p, &p2));
+        assert_eq!(
+            by_name(LoadSharePolicy::RoundRobin),
+            "kernel-map:round-robin"
+        );
+    }
+}
