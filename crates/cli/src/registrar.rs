@@ -322,8 +322,7 @@ impl RegistrarArgs {
             }
             config.asap_listen = a.asap;
         }
-        if a.min_address_scope.is_none()
-            && config.asap_listen.iter().all(|l| l.ip().is_loopback())
+        if a.min_address_scope.is_none() && config.asap_listen.iter().all(|l| l.ip().is_loopback())
         {
             // A registrar only this host can reach serves PEs of this host: their addresses are
             // loopback addresses, which RSPLIB's site-local default would refuse.
@@ -376,7 +375,10 @@ fn summary(c: &DriverConfig) -> String {
                     } else {
                         format!(
                             "interface {} (those of the ASAP addresses)",
-                            on.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+                            on.iter()
+                                .map(|i| i.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         )
                     }
                 }
@@ -517,10 +519,19 @@ mod tests {
             "a registrar on loopback accepts the PEs of its host"
         );
         let c = parse(&["--asap", "0.0.0.0:3863"]).into_config().unwrap();
-        assert_eq!(c.core.min_address_scope, AddressScope::SiteLocal, "RSPLIB's default");
-        let c = parse(&["--min-address-scope", "global"]).into_config().unwrap();
+        assert_eq!(
+            c.core.min_address_scope,
+            AddressScope::SiteLocal,
+            "RSPLIB's default"
+        );
+        let c = parse(&["--min-address-scope", "global"])
+            .into_config()
+            .unwrap();
         assert_eq!(c.core.min_address_scope, AddressScope::Global, "as asked");
-        assert_eq!(c.announce_interface, None, "the listening addresses' interfaces");
+        assert_eq!(
+            c.announce_interface, None,
+            "the listening addresses' interfaces"
+        );
         let c = parse(&["--profile", "rfc"]).into_config().unwrap();
         assert_eq!(
             c.core.codec.registration_life_unit,
@@ -579,8 +590,11 @@ mod tests {
         assert!(err(parse(&["--announce-interval", "0s"]).into_config())
             .contains("announce-interval: must be at least 1ms"));
         assert!(Cli::try_parse_from(["registrar", "--announce-interval", "soon"]).is_err());
-        assert!(err(with_file("endpoint-keep-alive-timeout-interval = \"5 parsecs\"\n", &[]))
-            .contains("endpoint-keep-alive-timeout-interval"));
+        assert!(err(with_file(
+            "endpoint-keep-alive-timeout-interval = \"5 parsecs\"\n",
+            &[]
+        ))
+        .contains("endpoint-keep-alive-timeout-interval"));
     }
 
     #[test]

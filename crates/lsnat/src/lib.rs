@@ -260,7 +260,11 @@ pub fn summary(c: &Config) -> String {
         config::ProbeKind::None => "none (passive evidence only)".to_string(),
         kind => format!(
             "{} every {} (timeout {})",
-            if kind == config::ProbeKind::Tcp { "tcp" } else { "udp" },
+            if kind == config::ProbeKind::Tcp {
+                "tcp"
+            } else {
+                "udp"
+            },
             human(c.probe.interval),
             human(c.probe.timeout)
         ),

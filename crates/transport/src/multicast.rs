@@ -424,7 +424,10 @@ mod tests {
             vec![Ipv4Addr::new(10, 1, 2, 3)],
             "a specific address: its interface only"
         );
-        assert_eq!(announce_interfaces(&[a("0.0.0.0:3863")], &host), host.to_vec());
+        assert_eq!(
+            announce_interfaces(&[a("0.0.0.0:3863")], &host),
+            host.to_vec()
+        );
         assert!(announce_interfaces(&[a("[2001:db8::1]:3863")], &host).is_empty());
         assert!(ipv4_multicast_interfaces().contains(&Ipv4Addr::LOCALHOST));
     }
