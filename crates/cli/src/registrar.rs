@@ -434,6 +434,15 @@ async fn try_bind(config: &DriverConfig) -> Result<()> {
     Ok(())
 }
 
+/// Addresses as a comma-separated list.
+fn join(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Runs the registrar until SIGINT or SIGTERM.
 pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
     let check = args.check;
@@ -462,11 +471,30 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
             started = started_rx => {
                 if let Ok(s) = started {
                     outln!(
-                        "registrar {} serving ASAP over {} on {:?}{}{}",
+                        "registrar {} serving ASAP over {} on {} ({}; {}){}{}",
                         s.registrar_id,
                         s.transport,
-                        s.asap_addrs,
-                        if s.plain_tcp_addrs.is_empty() { String::new() } else { format!(", plain TCP on {:?}", s.plain_tcp_addrs) },
+                        join(&s.asap_addrs),
+                        if s.asap_addrs.iter().all(|a| a.ip().is_loopback()) {
+                            "this host only"
+                        } else {
+                            "reachable from other hosts"
+                        },
+                        if s.announces.is_empty() {
+                            "no server announces".to_string()
+                        } else {
+                            format!(
+                                "server announces to {} on {}, TTL {}",
+                                s.announces[0].group,
+                                s.announces
+                                    .iter()
+                                    .map(|a| a.interface.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                                s.announces[0].ttl
+                            )
+                        },
+                        if s.plain_tcp_addrs.is_empty() { String::new() } else { format!(", plain TCP on {}", join(&s.plain_tcp_addrs)) },
                         s.metrics_addr.map(|m| format!(", metrics at http://{m}/metrics")).unwrap_or_default()
                     );
                 }

@@ -122,11 +122,15 @@ impl Registrar {
             .read_line(&mut banner)
             .unwrap();
         let asap = banner
-            .split("on [")
+            .split(" on ")
             .nth(1)
-            .and_then(|r| r.split(']').next())
+            .and_then(|r| r.split(' ').next())
             .unwrap_or_else(|| panic!("no ASAP address in the banner {banner:?}"))
             .to_string();
+        assert!(
+            banner.contains("(this host only; no server announces)"),
+            "{banner}"
+        );
         Registrar { child, asap }
     }
 }
@@ -375,4 +379,36 @@ fn the_example_configurations_pass_check() {
         !out.contains("warning"),
         "the example uses no deprecated spelling: {out}"
     );
+}
+
+#[test]
+fn a_port_in_use_is_named_and_its_cause_said_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    for args in [
+        vec![
+            "registrar",
+            "--transport",
+            "tcp",
+            "--asap",
+            &addr,
+            "--asap-announce",
+            "off",
+        ],
+        vec![
+            "registrar",
+            "--asap",
+            "127.0.0.1:0",
+            "--metrics",
+            &addr,
+            "--asap-announce",
+            "off",
+        ],
+    ] {
+        let (ok, _, err) = rserpool(&args);
+        assert!(!ok);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.contains(&addr), "{last}");
+        assert_eq!(last.matches("in use").count(), 1, "{last}");
+    }
 }
