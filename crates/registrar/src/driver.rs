@@ -88,6 +88,18 @@ pub struct Running {
     pub metrics: Arc<Mutex<Metrics>>,
 }
 
+/// Addresses as a comma-separated list (for logs; "none" when empty).
+fn list(addrs: &[SocketAddr]) -> String {
+    if addrs.is_empty() {
+        return "none".into();
+    }
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One announce socket as the kernel has it set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AnnounceSocket {
@@ -208,9 +220,9 @@ pub async fn run(
     tracing::info!(
         registrar = %core.id(),
         transport = %kind,
-        asap = ?endpoint.local_addrs(),
-        plain_tcp = ?endpoint.plain_asap_addrs(),
-        metrics = ?metrics_addr,
+        asap = %list(endpoint.local_addrs()),
+        plain_tcp = %list(endpoint.plain_asap_addrs()),
+        metrics = %metrics_addr.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
         profile = core.config().profile.name(),
         "registrar serving"
     );

@@ -241,7 +241,16 @@ impl MulticastSocket {
             }
         }
         let socket = UdpSocket::from_std(s.into()).map_err(err("registering the UDP socket"))?;
-        tracing::info!(%group, interfaces = ?config.interfaces, ttl = config.ttl, "multicast joined");
+        let interfaces: Vec<String> = config
+            .interfaces
+            .iter()
+            .map(|i| match i {
+                Interface::Default => "chosen by the kernel".to_string(),
+                Interface::V4(a) => a.to_string(),
+                Interface::V6Index(n) => format!("interface index {n}"),
+            })
+            .collect();
+        tracing::info!(%group, interfaces = %interfaces.join(", "), ttl = config.ttl, "multicast joined");
         Ok(MulticastSocket {
             socket,
             group,

@@ -199,12 +199,18 @@ fn tests_send_multicast_on_loopback_only() {
                 .filter(|l| !l.trim_start().starts_with("//"))
                 .collect::<Vec<_>>()
                 .join("\n");
-            for pattern in [concat!("Interface::", "Default"), concat!("for_", "profile(")] {
+            for pattern in [
+                concat!("Interface::", "Default"),
+                concat!("for_", "profile("),
+            ] {
                 if code.contains(pattern) {
                     offenders.push(format!("{}: {pattern}", path.display()));
                 }
             }
         }
     }
-    assert!(offenders.is_empty(), "multicast beyond loopback in tests: {offenders:?}");
+    assert!(
+        offenders.is_empty(),
+        "multicast beyond loopback in tests: {offenders:?}"
+    );
 }
