@@ -72,7 +72,8 @@ pub struct LsnatArgs {
     /// Tokio worker threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// Check the configuration, print a summary and exit.
+    /// Check the configuration, bind what would be bound (and let go), print a summary and the
+    /// warnings, exit.
     #[arg(long)]
     pub check: bool,
 }
