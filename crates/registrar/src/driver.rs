@@ -176,9 +176,10 @@ pub async fn run(
                 &rserpool_transport::multicast::ipv4_multicast_interfaces(),
             ),
         };
+        let mut last_error = None;
         if interfaces.is_empty() {
             tracing::warn!(
-                asap = ?bound,
+                asap = %list(&bound),
                 "server announces off: no IPv4 interface among the listening addresses"
             );
         }
@@ -190,7 +191,20 @@ pub async fn run(
                 loopback: true,
                 max_datagram: 65_535,
             };
-            announce_sockets.push(MulticastSocket::open(&mc)?);
+            match MulticastSocket::open(&mc) {
+                Ok(s) => announce_sockets.push(s),
+                // An interface named explicitly must work; of the interfaces found for the
+                // listening addresses, one that cannot do multicast is left out (and said so),
+                // as long as another one can.
+                Err(e) if config.announce_interface.is_none() => {
+                    tracing::warn!(%interface, error = %e, "no server announces on this interface");
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let (true, Some(e)) = (announce_sockets.is_empty(), last_error) {
+            return Err(e.into());
         }
     }
 
