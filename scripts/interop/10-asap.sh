@@ -24,8 +24,8 @@ removal_time() {   # removal_time PE_ID -> seconds since the epoch
 
 "$RSERPOOL_BIN" registrar --transport sctp --asap 127.0.0.1:3863 --asap-announce off \
     --metrics 127.0.0.1:9100 --identifier 0x5e5e0001 \
-    --endpoint-keep-alive-transmission-interval "$KA_INTERVAL_MS" \
-    --endpoint-keep-alive-timeout-interval "$KA_TIMEOUT_MS" --keep-alive-jitter 0 \
+    --endpoint-keep-alive-transmission-interval "${KA_INTERVAL_MS}ms" \
+    --endpoint-keep-alive-timeout-interval "${KA_TIMEOUT_MS}ms" --keep-alive-jitter 0 \
     --log info > "$W/registrar.log" 2>&1 &
 REG=$!; pids+=($REG)
 wait_for 30 "the registrar's metrics" curl -sf http://127.0.0.1:9100/healthz

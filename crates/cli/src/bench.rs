@@ -46,9 +46,13 @@ pub struct BenchArgs {
     /// Seconds to measure each workload (after one second of warm-up).
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Workloads, in order: resolve, register.
+    /// Workloads, in order: resolve, register; `none` only registers the pool.
     #[arg(long, value_delimiter = ',', default_value = "resolve,register")]
     workloads: Vec<String>,
+    /// After the workloads, keep the pool's PEs registered (answering keep-alives) until
+    /// Ctrl-C: a pool to resolve against, e.g. with `rserpool resolve`.
+    #[arg(long)]
+    hold: bool,
     /// Process id of the registrar (on this host): also report the CPU time it used during the
     /// measurement, and requests served per second of its CPU time, which does not depend on
     /// how fast this load generator is.
@@ -356,11 +360,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let workloads: Vec<Workload> = args
         .workloads
         .iter()
+        .filter(|w| w.as_str() != "none")
         .map(|w| match w.as_str() {
             "resolve" => Ok(Workload::Resolve),
             "register" => Ok(Workload::Register),
             other => Err(anyhow!(
-                "--workloads: {other:?} is neither resolve nor register"
+                "--workloads: {other:?} is not resolve, register or none"
             )),
         })
         .collect::<Result<_>>()?;
@@ -444,9 +449,51 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 );
             }
         }
+        if args.hold {
+            outln!(
+                "holding {accepted} PE(s) registered in pool {} at {}; Ctrl-C ends",
+                args.pool,
+                args.registrar
+            );
+            hold(&mut setup, &codec).await?;
+        }
         drop(setup);
         Ok(())
     })
+}
+
+/// Answers the registrar's keep-alives to the PEs registered over `conn` until SIGINT or
+/// SIGTERM (`--hold`).
+async fn hold(conn: &mut Conn, codec: &Codec) -> Result<()> {
+    let handle = conn.endpoint.handle();
+    let stop = crate::shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        let event = tokio::select! {
+            _ = &mut stop => return Ok(()),
+            e = conn.endpoint.next_event() => e,
+        };
+        match event {
+            Some(Event::Message { data, .. }) => {
+                if let Ok(AsapMessage::EndpointKeepAlive(k)) =
+                    codec.decode::<AsapMessage>(&data).map(|d| d.message)
+                {
+                    if let Some(id) = k.pe_id {
+                        let ack = AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
+                            pool_handle: k.pool_handle,
+                            pe_id: id,
+                        });
+                        handle.send(conn.id, 11, 0, codec.encode(&ack)?).await?;
+                    }
+                }
+            }
+            Some(Event::AssociationDown { reason, .. }) => {
+                bail!("association to the registrar lost: {reason}")
+            }
+            Some(_) => {}
+            None => bail!("endpoint closed"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -85,7 +85,8 @@ async fn run_demo() -> Result<()> {
     let reg_addr = running.asap_addrs[0];
     outln!(
         "1. registrar {} listens on {reg_addr} ({})",
-        running.registrar_id, running.transport
+        running.registrar_id,
+        running.transport
     );
 
     let access = RegistrarAccess::single(reg_addr, TransportChoice::Tcp);
@@ -151,7 +152,8 @@ async fn run_demo() -> Result<()> {
         .unwrap_or_default();
     outln!(
         "   meanwhile the registrar checks its PEs: {} keep-alives sent, {} answered",
-        m.keep_alives_sent, m.keep_alives_acked
+        m.keep_alives_sent,
+        m.keep_alives_acked
     );
 
     // The least-loaded PE dies: its service stops and its association is aborted, without a
@@ -216,11 +218,16 @@ async fn run_demo() -> Result<()> {
     outln!("\n5. the registrar's own counters (each fact counted apart):");
     outln!(
         "   registrations {}, re-registrations {}, handle resolutions {}, PEs handed out {}",
-        m.registrations, m.reregistrations, m.resolutions, m.resolved_pool_elements
+        m.registrations,
+        m.reregistrations,
+        m.resolutions,
+        m.resolved_pool_elements
     );
     outln!(
         "   keep-alives sent {}, answered {}, missed {}",
-        m.keep_alives_sent, m.keep_alives_acked, m.keep_alives_missed
+        m.keep_alives_sent,
+        m.keep_alives_acked,
+        m.keep_alives_missed
     );
     outln!(
         "   removals: deregistered {}, association lost {}, keep-alive timeout {}, reported unreachable {}",

@@ -73,6 +73,23 @@ pub(crate) fn print_line(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// An error and its causes on one line, each cause once: an error that already quotes its cause
+/// (as many do, "cannot bind ADDR: Address already in use") is not followed by it again.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// Resolves when SIGINT or SIGTERM arrives.
 pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
@@ -146,8 +163,37 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rserpool: {e:#}");
+            eprintln!("rserpool: {}", describe(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        #[derive(Debug)]
+        struct Bind(std::io::Error);
+        impl std::fmt::Display for Bind {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "cannot bind 127.0.0.1:3863: {}", self.0)
+            }
+        }
+        impl std::error::Error for Bind {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let e = anyhow::Error::new(Bind(io)).context("registrar");
+        let text = describe(&e);
+        assert_eq!(text.matches("address in use").count(), 1, "{text}");
+        assert!(
+            text.starts_with("registrar: cannot bind 127.0.0.1:3863: "),
+            "{text}"
+        );
     }
 }

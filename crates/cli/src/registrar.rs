@@ -467,8 +467,7 @@ impl RegistrarArgs {
             }
             config.asap_listen = a.asap;
         }
-        if a.min_address_scope.is_none()
-            && config.asap_listen.iter().all(|l| l.ip().is_loopback())
+        if a.min_address_scope.is_none() && config.asap_listen.iter().all(|l| l.ip().is_loopback())
         {
             // A registrar only this host can reach serves PEs of this host: their addresses are
             // loopback addresses, which RSPLIB's site-local default would refuse.
@@ -615,7 +614,10 @@ fn summary(c: &DriverConfig) -> String {
                     } else {
                         format!(
                             "interface {} (those of the ASAP addresses)",
-                            on.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+                            on.iter()
+                                .map(|i| i.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         )
                     }
                 }
@@ -671,6 +673,15 @@ async fn try_bind(config: &DriverConfig) -> Result<()> {
     Ok(())
 }
 
+/// Addresses as a comma-separated list.
+fn join(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Runs the registrar until SIGINT or SIGTERM.
 pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
     let check = args.check;
@@ -699,11 +710,30 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
             started = started_rx => {
                 if let Ok(s) = started {
                     outln!(
-                        "registrar {} serving ASAP over {} on {:?}{}{}",
+                        "registrar {} serving ASAP over {} on {} ({}; {}){}{}",
                         s.registrar_id,
                         s.transport,
-                        s.asap_addrs,
-                        if s.plain_tcp_addrs.is_empty() { String::new() } else { format!(", plain TCP on {:?}", s.plain_tcp_addrs) },
+                        join(&s.asap_addrs),
+                        if s.asap_addrs.iter().all(|a| a.ip().is_loopback()) {
+                            "this host only"
+                        } else {
+                            "reachable from other hosts"
+                        },
+                        if s.announces.is_empty() {
+                            "no server announces".to_string()
+                        } else {
+                            format!(
+                                "server announces to {} on {}, TTL {}",
+                                s.announces[0].group,
+                                s.announces
+                                    .iter()
+                                    .map(|a| a.interface.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                                s.announces[0].ttl
+                            )
+                        },
+                        if s.plain_tcp_addrs.is_empty() { String::new() } else { format!(", plain TCP on {}", join(&s.plain_tcp_addrs)) },
                         s.metrics_addr.map(|m| format!(", metrics at http://{m}/metrics")).unwrap_or_default()
                     );
                     if !s.enrp_addrs.is_empty() {
@@ -759,10 +789,19 @@ mod tests {
             "a registrar on loopback accepts the PEs of its host"
         );
         let c = parse(&["--asap", "0.0.0.0:3863"]).into_config().unwrap();
-        assert_eq!(c.core.min_address_scope, AddressScope::SiteLocal, "RSPLIB's default");
-        let c = parse(&["--min-address-scope", "global"]).into_config().unwrap();
+        assert_eq!(
+            c.core.min_address_scope,
+            AddressScope::SiteLocal,
+            "RSPLIB's default"
+        );
+        let c = parse(&["--min-address-scope", "global"])
+            .into_config()
+            .unwrap();
         assert_eq!(c.core.min_address_scope, AddressScope::Global, "as asked");
-        assert_eq!(c.announce_interface, None, "the listening addresses' interfaces");
+        assert_eq!(
+            c.announce_interface, None,
+            "the listening addresses' interfaces"
+        );
         let c = parse(&["--profile", "rfc"]).into_config().unwrap();
         assert_eq!(
             c.core.codec.registration_life_unit,
@@ -857,8 +896,11 @@ mod tests {
         assert!(err(parse(&["--announce-interval", "0s"]).into_config())
             .contains("announce-interval: must be at least 1ms"));
         assert!(Cli::try_parse_from(["registrar", "--announce-interval", "soon"]).is_err());
-        assert!(err(with_file("endpoint-keep-alive-timeout-interval = \"5 parsecs\"\n", &[]))
-            .contains("endpoint-keep-alive-timeout-interval"));
+        assert!(err(with_file(
+            "endpoint-keep-alive-timeout-interval = \"5 parsecs\"\n",
+            &[]
+        ))
+        .contains("endpoint-keep-alive-timeout-interval"));
     }
 
     #[test]

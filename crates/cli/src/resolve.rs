@@ -1,14 +1,14 @@
 //! `rserpool resolve POOL --registrar ADDR`: asks a registrar for PEs of a pool and prints them
 //! with the policy values the selection was based on. A selection, not a reachability check.
 
+use crate::units::DurationValue;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use rserpool_endpoint::driver::{PoolUserClient, RegistrarAccess};
 use rserpool_endpoint::pu::{ResolveError, ResolverConfig};
 use rserpool_transport::TransportChoice;
-use rserpool_wire::{CodecConfig, LifeUnit, PoolHandle};
-use crate::units::DurationValue;
 use rserpool_transport::{Endpoint, EndpointConfig, Event};
+use rserpool_wire::{CodecConfig, LifeUnit, PoolHandle};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -125,8 +125,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
             client.resolve(pool.clone()),
         )
         .await
-        .map_err(|_| anyhow!("no registrar of {:?} answered", args.registrar))?
-        ;
+        .map_err(|_| anyhow!("no registrar of {:?} answered", args.registrar))?;
         let r = match r {
             Ok(r) => r,
             Err(ResolveError::NoRegistrar) => {

@@ -50,9 +50,7 @@ impl FromStr for DurationValue {
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
         if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-            let ms: u64 = t
-                .parse()
-                .map_err(|_| format!("{s:?}: number too large"))?;
+            let ms: u64 = t.parse().map_err(|_| format!("{s:?}: number too large"))?;
             return Ok(DurationValue {
                 duration: Duration::from_millis(ms),
                 bare_ms: true,

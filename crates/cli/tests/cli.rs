@@ -28,7 +28,10 @@ fn demo_registers_resolves_echoes_and_sees_the_crash() {
     assert!(out.contains("removed it (cause: association lost"), "{out}");
     assert!(out.contains("a new resolution selects 2 PE(s)"), "{out}");
     // The deregistrations counted at the end are shown when they happen.
-    assert!(out.contains("the other PEs stop and deregister: $"), "{out}");
+    assert!(
+        out.contains("the other PEs stop and deregister: $"),
+        "{out}"
+    );
     assert!(out.contains("removals: deregistered 2,"), "{out}");
     assert!(out.contains("demo done"), "{out}");
 }
@@ -87,10 +90,7 @@ fn bad_input_gets_a_clear_error() {
     // A negative number reaches the value parser, which names the flag.
     let (ok, _, err) = rserpool(&["registrar", "--max-bad-pe-reports", "-5"]);
     assert!(!ok);
-    assert!(
-        err.contains("'-5' for '--max-bad-pe-reports"),
-        "{err}"
-    );
+    assert!(err.contains("'-5' for '--max-bad-pe-reports"), "{err}");
     let (ok, _, err) = rserpool(&["registrar", "--max-hres-items", "500"]);
     assert!(!ok);
     assert!(err.contains("above max-hres-items-limit (128)"), "{err}");
@@ -122,11 +122,15 @@ impl Registrar {
             .read_line(&mut banner)
             .unwrap();
         let asap = banner
-            .split("on [")
+            .split(" on ")
             .nth(1)
-            .and_then(|r| r.split(']').next())
+            .and_then(|r| r.split(' ').next())
             .unwrap_or_else(|| panic!("no ASAP address in the banner {banner:?}"))
             .to_string();
+        assert!(
+            banner.contains("(this host only; no server announces)"),
+            "{banner}"
+        );
         Registrar { child, asap }
     }
 }
@@ -210,7 +214,10 @@ fn spawn_with_stderr(
     let (etx, erx) = std::sync::mpsc::channel();
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             if etx.send(line).is_err() {
                 break;
             }
@@ -219,7 +226,10 @@ fn spawn_with_stderr(
     let (otx, orx) = std::sync::mpsc::channel();
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             if otx.send(line).is_err() {
                 break;
             }
@@ -252,32 +262,62 @@ fn lsnat_names_the_address_in_use_and_check_binds_first() {
         err.contains(&format!("TCP listener {addr}")) && err.contains("in use"),
         "{err}"
     );
-    assert!(!out.contains("serving"), "no banner before the failure: {out}");
+    assert!(
+        !out.contains("serving"),
+        "no banner before the failure: {out}"
+    );
     assert_eq!(err.matches("in use").count(), 1, "the cause once: {err}");
     let (ok, out, err) = rserpool(&[
-        "lsnat", "--listen", &addr, "--member", "127.0.0.1:9", "--check",
+        "lsnat",
+        "--listen",
+        &addr,
+        "--member",
+        "127.0.0.1:9",
+        "--check",
     ]);
     assert!(!ok, "--check binds what it will bind: {out}");
-    assert!(err.contains("cannot be served here") && err.contains(&addr), "{err}");
+    assert!(
+        err.contains("cannot be served here") && err.contains(&addr),
+        "{err}"
+    );
     let (ok, out, err) = rserpool(&[
-        "lsnat", "--listen", "127.0.0.1:0", "--member", "127.0.0.1:9", "--check",
+        "lsnat",
+        "--listen",
+        "127.0.0.1:0",
+        "--member",
+        "127.0.0.1:9",
+        "--check",
     ]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("configuration ok"), "{out}");
     assert!(out.contains("cost 0") && !out.contains("Finite"), "{out}");
     // A listener that is its own member.
     let (ok, _, err) = rserpool(&[
-        "lsnat", "--listen", "127.0.0.1:8999", "--member", "127.0.0.1:8999", "--check",
+        "lsnat",
+        "--listen",
+        "127.0.0.1:8999",
+        "--member",
+        "127.0.0.1:8999",
+        "--check",
     ]);
     assert!(!ok);
     assert!(err.contains("the gateway's own listener[0]"), "{err}");
     // Deprecated spellings still work, with a warning.
     let (ok, out, err) = rserpool(&[
-        "lsnat", "--listen", "127.0.0.1:0", "--member", "127.0.0.1:9", "--status",
-        "127.0.0.1:0", "--check",
+        "lsnat",
+        "--listen",
+        "127.0.0.1:0",
+        "--member",
+        "127.0.0.1:9",
+        "--status",
+        "127.0.0.1:0",
+        "--check",
     ]);
     assert!(ok, "{out}\n{err}");
-    assert!(out.contains("warning: --status is deprecated; write --metrics"), "{out}");
+    assert!(
+        out.contains("warning: --status is deprecated; write --metrics"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -307,17 +347,68 @@ fn the_example_configurations_pass_check() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
     let registrar = format!("{root}/registrar.toml");
     let (ok, out, err) = rserpool(&[
-        "registrar", "-c", &registrar, "--check", "--asap", "127.0.0.1:0", "--metrics",
+        "registrar",
+        "-c",
+        &registrar,
+        "--check",
+        "--asap",
+        "127.0.0.1:0",
+        "--metrics",
         "127.0.0.1:0",
     ]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("configuration ok"), "{out}");
-    assert!(!out.contains("warning") && !err.contains("deprecated"), "{out}\n{err}");
+    assert!(
+        !out.contains("warning") && !err.contains("deprecated"),
+        "{out}\n{err}"
+    );
     let lsnat = format!("{root}/lsnat.toml");
     let (ok, out, err) = rserpool(&[
-        "lsnat", "-c", &lsnat, "--check", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+        "lsnat",
+        "-c",
+        &lsnat,
+        "--check",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
     ]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("configuration ok"), "{out}");
-    assert!(!out.contains("warning"), "the example uses no deprecated spelling: {out}");
+    assert!(
+        !out.contains("warning"),
+        "the example uses no deprecated spelling: {out}"
+    );
+}
+
+#[test]
+fn a_port_in_use_is_named_and_its_cause_said_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    for args in [
+        vec![
+            "registrar",
+            "--transport",
+            "tcp",
+            "--asap",
+            &addr,
+            "--asap-announce",
+            "off",
+        ],
+        vec![
+            "registrar",
+            "--asap",
+            "127.0.0.1:0",
+            "--metrics",
+            &addr,
+            "--asap-announce",
+            "off",
+        ],
+    ] {
+        let (ok, _, err) = rserpool(&args);
+        assert!(!ok);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.contains(&addr), "{last}");
+        assert_eq!(last.matches("in use").count(), 1, "{last}");
+    }
 }

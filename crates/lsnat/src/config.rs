@@ -447,8 +447,13 @@ impl Checker {
             None => Ok(default),
             Some(toml::Value::Integer(i)) if *i >= 0 => Ok(bare(*i as f64)),
             Some(toml::Value::Float(f)) if f.is_finite() && *f >= 0.0 && *f < 1e12 => Ok(bare(*f)),
-            Some(toml::Value::String(s)) if !s.trim().is_empty() && s.trim().bytes().all(|b| b.is_ascii_digit()) => {
-                let secs: u64 = s.trim().parse().map_err(|_| self.err(&field, format!("{s:?}: number too large")))?;
+            Some(toml::Value::String(s))
+                if !s.trim().is_empty() && s.trim().bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                let secs: u64 = s
+                    .trim()
+                    .parse()
+                    .map_err(|_| self.err(&field, format!("{s:?}: number too large")))?;
                 Ok(bare(secs as f64))
             }
             Some(toml::Value::String(s)) => parse_duration(s).map_err(|m| self.err(&field, m)),
@@ -1148,9 +1153,9 @@ impl Config {
                     ),
                 ));
             }
-            if let Some(st) = status.filter(|st| {
-                l.protocol == Protocol::Tcp && overlaps(l.address, *st)
-            }) {
+            if let Some(st) =
+                status.filter(|st| l.protocol == Protocol::Tcp && overlaps(l.address, *st))
+            {
                 return Err(c.err(
                     "metrics",
                     format!(
@@ -1161,9 +1166,9 @@ impl Config {
             }
         }
         if rserpool.is_none()
-            && members.iter().all(|m| {
-                m.weight == 0 || m.cost == Cost::Unreachable || m.max_sessions == Some(0)
-            })
+            && members
+                .iter()
+                .all(|m| m.weight == 0 || m.cost == Cost::Unreachable || m.max_sessions == Some(0))
         {
             return Err(c.err(
                 "pool.members",

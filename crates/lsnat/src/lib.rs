@@ -78,7 +78,8 @@ pub struct LsnatArgs {
     /// Tokio worker threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// Check the configuration, print a summary and exit.
+    /// Check the configuration, bind what would be bound (and let go), print a summary and the
+    /// warnings, exit.
     #[arg(long)]
     pub check: bool,
 }
@@ -267,7 +268,11 @@ pub fn summary(c: &Config) -> String {
         config::ProbeKind::None => "none (passive evidence only)".to_string(),
         kind => format!(
             "{} every {} (timeout {})",
-            if kind == config::ProbeKind::Tcp { "tcp" } else { "udp" },
+            if kind == config::ProbeKind::Tcp {
+                "tcp"
+            } else {
+                "udp"
+            },
             human(c.probe.interval),
             human(c.probe.timeout)
         ),

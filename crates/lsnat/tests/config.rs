@@ -138,7 +138,10 @@ fn the_old_spelling_still_works_with_a_warning_for_each_change() {
     );
     let w = c.warnings.join("\n");
     assert!(w.contains("--status is deprecated; write --metrics"), "{w}");
-    assert!(w.contains("--registrar-transport is deprecated; write --transport"), "{w}");
+    assert!(
+        w.contains("--registrar-transport is deprecated; write --transport"),
+        "{w}"
+    );
 }
 
 #[test]
@@ -297,14 +300,22 @@ fn check_refuses_what_would_bite_at_run_time() {
         "{e}"
     );
     let e = error("[[listener]]\naddress = \"0.0.0.0:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:8080\" }]\n");
-    assert!(e.contains("own listener"), "a wildcard listener covers 127.0.0.1: {e}");
+    assert!(
+        e.contains("own listener"),
+        "a wildcard listener covers 127.0.0.1: {e}"
+    );
     let e = error("metrics = \"127.0.0.1:8080\"\n[[listener]]\naddress = \"127.0.0.1:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:9000\" }]\n");
-    assert!(e.contains("field `metrics`") && e.contains("also listener[0]"), "{e}");
+    assert!(
+        e.contains("field `metrics`") && e.contains("also listener[0]"),
+        "{e}"
+    );
     let e = error("[[listener]]\naddress = \"127.0.0.1:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:9000\", weight = 0 }, { address = \"127.0.0.1:9001\", cost = \"unreachable\" }, { address = \"127.0.0.1:9002\", max-sessions = 0 }]\n");
     assert!(e.contains("no member can ever take a session"), "{e}");
     let c = parse("[[listener]]\naddress = \"127.0.0.1:8080\"\n[pool]\nmembers = [{ address = \"127.0.0.1:9000\" }]\n[health]\ninterval = \"1s\"\ntimeout = \"3s\"\n").unwrap();
     assert!(
-        c.warnings.iter().any(|w| w.contains("health.timeout (3s) is longer than health.interval (1s)")),
+        c.warnings
+            .iter()
+            .any(|w| w.contains("health.timeout (3s) is longer than health.interval (1s)")),
         "{:?}",
         c.warnings
     );

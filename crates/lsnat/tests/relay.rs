@@ -382,7 +382,9 @@ async fn udp_flows_bind_per_client_and_end_by_idle_timer() {
         .unwrap()
         .unwrap();
     assert_eq!(&buf[..n], b"again");
-    assert!(gw.metrics().contains("rserpool_lsnat_sessions_opened_total 3"));
+    assert!(gw
+        .metrics()
+        .contains("rserpool_lsnat_sessions_opened_total 3"));
     gw.shutdown().await;
 }
 
@@ -682,7 +684,10 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
     // Documented fields, plain values: a cost is a number (or "unreachable").
     assert_eq!(v["members"][0]["cost"], 0, "{}", v["members"][0]);
     let health = get(http, "/healthz").await;
-    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
     let metrics = get(http, "/metrics").await;
     assert!(metrics.contains("text/plain; version=0.0.4"));
     for family in [
@@ -799,7 +804,8 @@ fn metric(text: &str, name_and_labels: &str) -> u64 {
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| {
             let (name, value) = l.rsplit_once(' ')?;
-            name.ends_with(name_and_labels).then(|| value.parse().ok())?
+            name.ends_with(name_and_labels)
+                .then(|| value.parse().ok())?
         })
         .unwrap_or_else(|| panic!("no metric {name_and_labels} in\n{text}"))
 }

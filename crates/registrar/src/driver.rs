@@ -105,6 +105,18 @@ impl Running {
     }
 }
 
+/// Addresses as a comma-separated list (for logs; "none" when empty).
+fn list(addrs: &[SocketAddr]) -> String {
+    if addrs.is_empty() {
+        return "none".into();
+    }
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One announce socket as the kernel has it set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AnnounceSocket {
@@ -195,9 +207,10 @@ pub async fn run(
                 &rserpool_transport::multicast::ipv4_multicast_interfaces(),
             ),
         };
+        let mut last_error = None;
         if interfaces.is_empty() {
             tracing::warn!(
-                asap = ?bound,
+                asap = %list(&bound),
                 "server announces off: no IPv4 interface among the listening addresses"
             );
         }
@@ -209,7 +222,20 @@ pub async fn run(
                 loopback: true,
                 max_datagram: 65_535,
             };
-            announce_sockets.push(MulticastSocket::open(&mc)?);
+            match MulticastSocket::open(&mc) {
+                Ok(s) => announce_sockets.push(s),
+                // An interface named explicitly must work; of the interfaces found for the
+                // listening addresses, one that cannot do multicast is left out (and said so),
+                // as long as another one can.
+                Err(e) if config.announce_interface.is_none() => {
+                    tracing::warn!(%interface, error = %e, "no server announces on this interface");
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let (true, Some(e)) = (announce_sockets.is_empty(), last_error) {
+            return Err(e.into());
         }
     }
 
@@ -251,9 +277,9 @@ pub async fn run(
     tracing::info!(
         registrar = %core.id(),
         transport = %kind,
-        asap = ?endpoint.local_addrs(),
-        plain_tcp = ?endpoint.plain_asap_addrs(),
-        metrics = ?metrics_addr,
+        asap = %list(endpoint.local_addrs()),
+        plain_tcp = %list(endpoint.plain_asap_addrs()),
+        metrics = %metrics_addr.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
         profile = core.config().profile.name(),
         "registrar serving"
     );

@@ -241,7 +241,16 @@ impl MulticastSocket {
             }
         }
         let socket = UdpSocket::from_std(s.into()).map_err(err("registering the UDP socket"))?;
-        tracing::info!(%group, interfaces = ?config.interfaces, ttl = config.ttl, "multicast joined");
+        let interfaces: Vec<String> = config
+            .interfaces
+            .iter()
+            .map(|i| match i {
+                Interface::Default => "chosen by the kernel".to_string(),
+                Interface::V4(a) => a.to_string(),
+                Interface::V6Index(n) => format!("interface index {n}"),
+            })
+            .collect();
+        tracing::info!(%group, interfaces = %interfaces.join(", "), ttl = config.ttl, "multicast joined");
         Ok(MulticastSocket {
             socket,
             group,
@@ -424,7 +433,10 @@ mod tests {
             vec![Ipv4Addr::new(10, 1, 2, 3)],
             "a specific address: its interface only"
         );
-        assert_eq!(announce_interfaces(&[a("0.0.0.0:3863")], &host), host.to_vec());
+        assert_eq!(
+            announce_interfaces(&[a("0.0.0.0:3863")], &host),
+            host.to_vec()
+        );
         assert!(announce_interfaces(&[a("[2001:db8::1]:3863")], &host).is_empty());
         assert!(ipv4_multicast_interfaces().contains(&Ipv4Addr::LOCALHOST));
     }

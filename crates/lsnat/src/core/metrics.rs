@@ -75,56 +75,88 @@ impl Gateway {
             "counter",
             "Selections made by persistence.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_persistence_hits_total {}", c.persistence_hits);
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_persistence_hits_total {}",
+            c.persistence_hits
+        );
         family(
             &mut o,
             "rserpool_lsnat_persistence_full_total",
             "counter",
             "Clients not remembered because the persistence table was full.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_persistence_full_total {}", c.persistence_full);
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_persistence_full_total {}",
+            c.persistence_full
+        );
         family(
             &mut o,
             "rserpool_lsnat_persistence_entries",
             "gauge",
             "Persistence entries.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_persistence_entries {}", self.persistence.len());
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_persistence_entries {}",
+            self.persistence.len()
+        );
         family(
             &mut o,
             "rserpool_lsnat_panic_selections_total",
             "counter",
             "Selections that ignored health because too few members were live.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_panic_selections_total {}", c.panic_selections);
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_panic_selections_total {}",
+            c.panic_selections
+        );
         family(
             &mut o,
             "rserpool_lsnat_slow_start_skips_total",
             "counter",
             "Times a member on probation was held back by slow start.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_slow_start_skips_total {}", c.slow_start_skips);
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_slow_start_skips_total {}",
+            c.slow_start_skips
+        );
         family(
             &mut o,
             "rserpool_lsnat_connect_rebinds_total",
             "counter",
             "Sessions rebound to another member after a failed connect.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_connect_rebinds_total {}", c.connect_retries);
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_connect_rebinds_total {}",
+            c.connect_retries
+        );
         family(
             &mut o,
             "rserpool_lsnat_linger_released_total",
             "counter",
             "Lingering reset bindings released.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_linger_released_total {}", c.linger_released);
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_linger_released_total {}",
+            c.linger_released
+        );
         family(
             &mut o,
             "rserpool_lsnat_linger_skipped_total",
             "counter",
             "Reset bindings released at once because max_lingering was reached.",
         );
-        let _ = writeln!(o, "rserpool_lsnat_linger_skipped_total {}", c.linger_skipped);
+        let _ = writeln!(
+            o,
+            "rserpool_lsnat_linger_skipped_total {}",
+            c.linger_skipped
+        );
         family(
             &mut o,
             "rserpool_lsnat_bytes_total",

@@ -263,11 +263,13 @@ async fn bind_all(config: &Config, with_listeners: bool) -> std::io::Result<Boun
     for l in config.listeners.iter().filter(|_| with_listeners) {
         let (local, b) = match l.protocol {
             Protocol::Tcp => {
-                let s = tcp::bind(l.address).map_err(|e| bind_error("TCP listener", l.address, e))?;
+                let s =
+                    tcp::bind(l.address).map_err(|e| bind_error("TCP listener", l.address, e))?;
                 (s.local_addr()?, BoundListener::Tcp(s))
             }
             Protocol::Udp => {
-                let s = udp::bind(l.address).map_err(|e| bind_error("UDP listener", l.address, e))?;
+                let s =
+                    udp::bind(l.address).map_err(|e| bind_error("UDP listener", l.address, e))?;
                 (s.local_addr()?, BoundListener::Udp(s))
             }
         };

@@ -172,7 +172,9 @@ mod tests {
                 }
             }
         });
-        probe(&config(close), target).await.expect("the probe passes");
+        probe(&config(close), target)
+            .await
+            .expect("the probe passes");
         tokio::time::timeout(Duration::from_secs(30), member)
             .await
             .expect("the member sees the close")
