@@ -87,7 +87,7 @@ pub struct RegistrarArgs {
     /// [default: 256]
     #[arg(long, value_name = "N")]
     pub max_associations_per_address: Option<usize>,
-    /// Most PEs registered over one association; 0 = no limit. [default: 4096]
+    /// Most PEs registered over one association; 0 = no limit. [default: 1024]
     #[arg(long, value_name = "N")]
     pub max_pool_elements_per_association: Option<usize>,
     /// Most registrations from other associations waiting for one ownership probe of a live

@@ -237,7 +237,7 @@ impl RegistrarConfig {
             }),
             max_associations: 10_000,
             max_associations_per_address: 256,
-            max_pool_elements_per_association: 4096,
+            max_pool_elements_per_association: 1024,
             max_pending_claims: 4,
             max_unreachable_probes: 3,
             unreachable_probe_interval: Duration::from_secs(30),
