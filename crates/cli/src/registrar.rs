@@ -79,6 +79,10 @@ pub struct RegistrarArgs {
     /// Per-client ENDPOINT_UNREACHABLE reports per second; 0 = unlimited. [default: 10]
     #[arg(long, value_name = "RATE")]
     pub max_eu_rate: Option<f64>,
+    /// Handle resolutions per second of all associations from one source address together
+    /// (bursts of twice as many); 0 = unlimited. [default: 2000]
+    #[arg(long, value_name = "RATE")]
+    pub max_hr_rate_per_address: Option<f64>,
     /// Per-association ASAP_REGISTRATIONs per second (new and re-registrations; bursts of
     /// twice as many); more are refused with cause 0xa. 0 = unlimited. [default: 100]
     #[arg(long, value_name = "RATE")]
@@ -178,6 +182,7 @@ impl RegistrarArgs {
             max_hr_rate,
             max_eu_rate,
             max_registration_rate,
+            max_hr_rate_per_address,
             max_associations_per_address,
             max_pool_elements_per_association,
             max_pending_claims,
@@ -265,6 +270,9 @@ impl RegistrarArgs {
         }
         if let Some(r) = a.max_eu_rate {
             core.endpoint_unreachable_rate = rate("max-eu-rate", r)?;
+        }
+        if let Some(r) = a.max_hr_rate_per_address {
+            core.handle_resolution_rate_per_address = rate("max-hr-rate-per-address", r)?;
         }
         if let Some(r) = a.max_registration_rate {
             core.registration_rate = rate("max-registration-rate", r)?;
@@ -473,10 +481,14 @@ mod tests {
     fn security_limits_from_file_and_flags() {
         let c = parse(&[]).into_config().unwrap();
         assert_eq!(c.core.registration_rate.map(|r| r.rate), Some(100.0));
+        assert_eq!(
+            c.core.handle_resolution_rate_per_address.map(|r| r.rate),
+            Some(2000.0)
+        );
         assert_eq!(c.core.max_associations_per_address, 256);
         assert_eq!(c.core.unreachable_probe_interval, Duration::from_secs(30));
         let c = with_file(
-            "max-registration-rate = 5.0\nmax-associations-per-address = 8\nmax-pool-elements-per-association = 16\nmax-pending-claims = 2\nmax-unreachable-probes = 1\nunreachable-probe-interval = \"1m 30s\"\n",
+            "max-registration-rate = 5.0\nmax-hr-rate-per-address = 0\nmax-associations-per-address = 8\nmax-pool-elements-per-association = 16\nmax-pending-claims = 2\nmax-unreachable-probes = 1\nunreachable-probe-interval = \"1m 30s\"\n",
             &["--max-pending-claims", "3"],
         )
         .unwrap();
@@ -485,6 +497,7 @@ mod tests {
             Some((5.0, 10.0))
         );
         assert_eq!(c.core.max_associations_per_address, 8);
+        assert!(c.core.handle_resolution_rate_per_address.is_none());
         assert_eq!(c.core.max_pool_elements_per_association, 16);
         assert_eq!(c.core.max_pending_claims, 3, "the flag wins");
         assert_eq!(c.core.max_unreachable_probes, 1);

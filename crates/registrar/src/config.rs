@@ -145,6 +145,9 @@ pub struct RegistrarConfig {
     /// Per-client rate of ASAP_ENDPOINT_UNREACHABLEs (RSPLIB's `-maxeurate`; RFC 5355 asks for
     /// one); `None` = unlimited.
     pub endpoint_unreachable_rate: Option<RateLimit>,
+    /// Rate of ASAP_HANDLE_RESOLUTIONs of all associations from one source address together
+    /// (RFC 5355: one host flooding over many associations); `None` = unlimited.
+    pub handle_resolution_rate_per_address: Option<RateLimit>,
     /// Per-association rate of ASAP_REGISTRATIONs, new and re-registrations alike (RFC 5355
     /// §3.1/§3.2: registration floods); refused ones are answered with cause 0xa. `None` =
     /// unlimited.
@@ -230,6 +233,10 @@ impl RegistrarConfig {
             endpoint_unreachable_rate: Some(RateLimit {
                 rate: 10.0,
                 burst: 20.0,
+            }),
+            handle_resolution_rate_per_address: Some(RateLimit {
+                rate: 2000.0,
+                burst: 4000.0,
             }),
             registration_rate: Some(RateLimit {
                 rate: 100.0,
