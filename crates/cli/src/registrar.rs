@@ -98,6 +98,11 @@ pub struct RegistrarArgs {
     /// PE; more are refused with cause 0xa. [default: 4]
     #[arg(long, value_name = "N")]
     pub max_pending_claims: Option<usize>,
+    /// How long the owner of a PE that another association claims has to answer the probe,
+    /// e.g. "2s" (at most the keep-alive timeout; keep it below the PEs' registration timeout,
+    /// RSPLIB's is 3 s). [default: 2s]
+    #[arg(long, value_name = "DURATION")]
+    pub ownership_probe_timeout: Option<String>,
     /// Keep-alive probes that ENDPOINT_UNREACHABLE reports may trigger for one PE per
     /// --unreachable-probe-interval (never more than one at a time). [default: 3]
     #[arg(long, value_name = "N")]
@@ -186,6 +191,7 @@ impl RegistrarArgs {
             max_associations_per_address,
             max_pool_elements_per_association,
             max_pending_claims,
+            ownership_probe_timeout,
             max_unreachable_probes,
             unreachable_probe_interval,
             min_address_scope,
@@ -288,6 +294,14 @@ impl RegistrarArgs {
                 bail!("max-pending-claims: must be at least 1");
             }
             core.max_pending_claims = n;
+        }
+        if let Some(s) = a.ownership_probe_timeout.as_deref() {
+            let d = humantime::parse_duration(s)
+                .map_err(|e| anyhow::anyhow!("ownership-probe-timeout: {s:?}: {e}"))?;
+            if d.is_zero() {
+                bail!("ownership-probe-timeout: must be longer than 0");
+            }
+            core.ownership_probe_timeout = d;
         }
         if let Some(n) = a.max_unreachable_probes {
             core.max_unreachable_probes = n;
@@ -488,7 +502,7 @@ mod tests {
         assert_eq!(c.core.max_associations_per_address, 256);
         assert_eq!(c.core.unreachable_probe_interval, Duration::from_secs(30));
         let c = with_file(
-            "max-registration-rate = 5.0\nmax-hr-rate-per-address = 0\nmax-associations-per-address = 8\nmax-pool-elements-per-association = 16\nmax-pending-claims = 2\nmax-unreachable-probes = 1\nunreachable-probe-interval = \"1m 30s\"\n",
+            "max-registration-rate = 5.0\nmax-hr-rate-per-address = 0\nmax-associations-per-address = 8\nmax-pool-elements-per-association = 16\nmax-pending-claims = 2\nmax-unreachable-probes = 1\nownership-probe-timeout = \"1500ms\"\nunreachable-probe-interval = \"1m 30s\"\n",
             &["--max-pending-claims", "3"],
         )
         .unwrap();
@@ -501,6 +515,7 @@ mod tests {
         assert_eq!(c.core.max_pool_elements_per_association, 16);
         assert_eq!(c.core.max_pending_claims, 3, "the flag wins");
         assert_eq!(c.core.max_unreachable_probes, 1);
+        assert_eq!(c.core.ownership_probe_timeout, Duration::from_millis(1500));
         assert_eq!(c.core.unreachable_probe_interval, Duration::from_secs(90));
         let c = parse(&["--max-registration-rate", "0"])
             .into_config()

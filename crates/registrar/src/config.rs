@@ -163,6 +163,10 @@ pub struct RegistrarConfig {
     /// Most registrations from other associations that wait for one ownership probe; more
     /// are refused at once with cause 0xa.
     pub max_pending_claims: usize,
+    /// How long the owner of a claimed PE has to answer the probe (at most
+    /// [`RegistrarConfig::keep_alive_timeout`]). The claimant waits that long for its answer,
+    /// so it must stay below the PEs' registration request timeout (RSPLIB: 3 s).
+    pub ownership_probe_timeout: Duration,
     /// How many keep-alive probes ENDPOINT_UNREACHABLE reports may trigger for one PE within
     /// [`RegistrarConfig::unreachable_probe_interval`] (never more than one at a time).
     pub max_unreachable_probes: u32,
@@ -246,6 +250,7 @@ impl RegistrarConfig {
             max_associations_per_address: 256,
             max_pool_elements_per_association: 1024,
             max_pending_claims: 4,
+            ownership_probe_timeout: Duration::from_secs(2),
             max_unreachable_probes: 3,
             unreachable_probe_interval: Duration::from_secs(30),
             check_user_transport_addresses: true,

@@ -1210,10 +1210,22 @@ impl Registrar {
             );
             return;
         };
+        let deadline = now
+            + self
+                .config
+                .ownership_probe_timeout
+                .min(self.config.keep_alive_timeout);
         if self.probe_outstanding(entry) {
+            // The outstanding keep-alive decides, within the ownership probe's timeout.
+            if let Some(t) = self.handlespace.get(entry).and_then(|e| e.timer()) {
+                if t.kind == TimerKind::KeepAliveTimeout && t.deadline > deadline {
+                    self.arm(entry, TimerKind::KeepAliveTimeout, deadline);
+                }
+            }
             return;
         }
         if self.send_keep_alive(now, entry) {
+            self.arm(entry, TimerKind::KeepAliveTimeout, deadline);
             self.metrics.ownership_probes += 1;
             self.security.probing(entry, ProbeReason::Claim);
             self.events.push_back(RegistrarEvent::OwnershipProbe {

@@ -665,3 +665,39 @@ fn handle_resolutions_per_source_address() {
     assert!(matches!(&Harness::sent_to(&sent, flood[3])[..],
         [AsapMessage::HandleResolutionResponse(r)] if r.error.is_none()));
 }
+
+#[test]
+fn the_ownership_probe_has_its_own_shorter_timeout() {
+    // RSPLIB's PEs give up on a registration after 3 s: the claim must be answered sooner than
+    // the 5 s keep-alive timeout.
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.keep_alive_timeout = Duration::from_secs(5);
+        c.ownership_probe_timeout = Duration::from_millis(1500);
+    });
+    let owner = h.up(1, HOST);
+    let claimant = h.up(2, HOST);
+    h.send(owner, registration("P", 5));
+    h.sent();
+    h.send(claimant, registration("P", 5));
+    h.advance_to(ms(1499));
+    assert_eq!(h.owner("P", 5), Some(owner));
+    h.advance_to(ms(1500));
+    assert_eq!(h.owner("P", 5), Some(claimant));
+
+    // A periodic keep-alive already outstanding is shortened to the probe's timeout.
+    let c2 = h.up(3, HOST);
+    h.advance_to(ms(1500 + 5000));
+    let sent = h.sent();
+    assert_eq!(keep_alives(&Harness::sent_to(&sent, claimant)), 1);
+    h.advance_to(ms(6600));
+    h.send(c2, registration("P", 5));
+    assert_eq!(
+        h.r.metrics().ownership_probes,
+        1,
+        "the outstanding keep-alive serves"
+    );
+    h.advance_to(ms(8099));
+    assert_eq!(h.owner("P", 5), Some(claimant));
+    h.advance_to(ms(8100));
+    assert_eq!(h.owner("P", 5), Some(c2));
+}
