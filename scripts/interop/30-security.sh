@@ -37,10 +37,10 @@ refusals() { metric "rserpool_registrar_security_refusals_total{reason=\"$1\"}";
 echo_through() {   # echo_through TAG LOGFILE: rspterminal's line must be echoed by that PE
     local msg="security suite $1" before
     before=$(grep -c 'Echo [0-9]* bytes' "$2" || true)
-    echo "$msg" | timeout 30 rspterminal -poolhandle=EchoPool -registrar=$REGISTRAR -asapannounce=off \
+    echo "$msg" | timeout 90 rspterminal -poolhandle=EchoPool -registrar=$REGISTRAR -asapannounce=off \
         "${RSPLIB_LOG[@]}" > "$W/pu-$1.log" 2>&1 &
     local pu=$!
-    wait_for 30 "the PE to echo ($1)" bash -c "[ \$(grep -c 'Echo [0-9]* bytes' '$2' || true) -gt $before ]"
+    wait_for 60 "the PE to echo ($1)" bash -c "[ \$(grep -c 'Echo [0-9]* bytes' '$2' || true) -gt $before ]"
     kill -TERM $pu 2>/dev/null; wait $pu 2>/dev/null || true
 }
 
@@ -52,14 +52,14 @@ echo_through() {   # echo_through TAG LOGFILE: rspterminal's line must be echoed
     --max-associations-per-address 16 --max-hr-rate 100 --max-unreachable-probes 3 \
     --unreachable-probe-interval 5m --log info > "$W/registrar.log" 2>&1 &
 REG=$!; pids+=($REG)
-wait_for 30 "the registrar's metrics" curl -sf "http://$METRICS/healthz"
+wait_for 60 "the registrar's metrics" curl -sf "http://$METRICS/healthz"
 grep -q 'transport=SCTP\|over SCTP' "$W/registrar.log" || fail "the registrar does not serve over SCTP"
 say "step 1 ok: rserpool registrar serves ASAP over SCTP on $REGISTRAR"
 
 stdbuf -oL rspserver -echo -poolhandle=EchoPool -registrar=$REGISTRAR -asapannounce=off \
-    -identifier=$PE_ID "${RSPLIB_LOG[@]}" > "$W/pe-a.log" 2>&1 &
+    -identifier=$PE_ID -rereginterval=5000 "${RSPLIB_LOG[@]}" > "$W/pe-a.log" 2>&1 &
 PEA=$!; pids+=($PEA)
-wait_for 30 "PE A's registration" metric_is rserpool_registrar_pool_elements 1
+wait_for 120 "PE A's registration" metric_is rserpool_registrar_pool_elements 1
 say "step 2 ok: rspserver registered PE $PE_ID"
 
 out=$("${CLIENT[@]}" --from 127.0.0.2 dereg $REGISTRAR EchoPool $PE_ID)
@@ -74,9 +74,9 @@ say "step 3 ok: foreign deregistration refused ($out), counted, logged: $(nocolo
 
 probes_before=$(metric rserpool_registrar_ownership_probes_total)
 stdbuf -oL rspserver -echo -poolhandle=EchoPool -registrar=$REGISTRAR -asapannounce=off \
-    -identifier=$PE_ID "${RSPLIB_LOG[@]}" > "$W/pe-b.log" 2>&1 &
+    -identifier=$PE_ID -rereginterval=5000 "${RSPLIB_LOG[@]}" > "$W/pe-b.log" 2>&1 &
 PEB=$!; pids+=($PEB)
-wait_for 30 "the claim's refusal" bash -c "[ \"\$(curl -s http://$METRICS/metrics | awk '\$1==\"rserpool_registrar_security_refusals_total{reason=\\\"foreign_registration\\\"}\" {print \$2}')\" -ge 1 ]"
+wait_for 120 "the claim's refusal" bash -c "[ \"\$(curl -s http://$METRICS/metrics | awk '\$1==\"rserpool_registrar_security_refusals_total{reason=\\\"foreign_registration\\\"}\" {print \$2}')\" -ge 1 ]"
 metric_at_least rserpool_registrar_ownership_probes_total $(( probes_before + 1 )) || fail "no ownership probe"
 metric_at_least rserpool_registrar_keep_alives_acked_total 1 || fail "PE A did not answer the probe"
 metric_is rserpool_registrar_claims_granted_total 0 || fail "a claim was granted while PE A answers"
@@ -88,7 +88,7 @@ say "step 4 ok: a second rspserver claiming $PE_ID was refused after PE A answer
 removals_total() { curl -s "http://$METRICS/metrics" | grep '^rserpool_registrar_removals_total' | awk '{s+=$2} END {print s+0}'; }
 removed_before=$(removals_total)
 out=$("${CLIENT[@]}" --from 127.0.0.2 unreachable $REGISTRAR EchoPool $PE_ID 10 50)
-wait_for 30 "the reports to be handled" metric_at_least rserpool_registrar_unreachable_reports_total 3
+wait_for 60 "the reports to be handled" metric_at_least rserpool_registrar_unreachable_reports_total 3
 sleep_until=$(( $(date +%s) + KA_TIMEOUT_MS / 1000 + 2 )); while [ "$(date +%s)" -lt $sleep_until ]; do sleep 0.2; done  # probe timeout + slack
 probes=$(metric rserpool_registrar_unreachable_probes_total)
 [ "$probes" -ge 1 ] && [ "$probes" -le 3 ] || fail "$probes probes for the report flood (1..3 expected)"
@@ -100,9 +100,9 @@ say "step 5 ok: report flood ($out): $(metric rserpool_registrar_unreachable_rep
 kill -STOP $PEA
 t_claim=$(date +%s.%N)
 stdbuf -oL rspserver -echo -poolhandle=EchoPool -registrar=$REGISTRAR -asapannounce=off \
-    -identifier=$PE_ID "${RSPLIB_LOG[@]}" > "$W/pe-c.log" 2>&1 &
+    -identifier=$PE_ID -rereginterval=5000 "${RSPLIB_LOG[@]}" > "$W/pe-c.log" 2>&1 &
 PEC=$!; pids+=($PEC)
-wait_for 30 "the claim of the restarted PE" metric_is rserpool_registrar_claims_granted_total 1
+wait_for 120 "the claim of the restarted PE" metric_is rserpool_registrar_claims_granted_total 1
 granted_after=$(elapsed_since "$t_claim")
 metric_is rserpool_registrar_pool_elements 1 || fail "pool has $(metric rserpool_registrar_pool_elements) PEs"
 metric_is 'rserpool_registrar_removals_total{cause="keep_alive_timeout"}' 1 || fail "PE A was not removed for the failed probe"
@@ -120,10 +120,10 @@ say "step 6 ok: PE A frozen; a new rspserver with $PE_ID got the identifier $cla
 out=$("${CLIENT[@]}" --from 127.0.0.2 assoc-flood $REGISTRAR 40 2)
 up=$(echo "$out" | sed 's/.* up=\([0-9]*\).*/\1/')
 [ "$up" -le 16 ] || fail "association flood: $out"
-wait_for 10 "association refusals counted" bash -c "[ \"\$(curl -s http://$METRICS/metrics | awk '\$1==\"rserpool_registrar_security_refusals_total{reason=\\\"associations_per_address\\\"}\" {print \$2}')\" -ge 24 ]"
+wait_for 60 "association refusals counted" bash -c "[ \"\$(curl -s http://$METRICS/metrics | awk '\$1==\"rserpool_registrar_security_refusals_total{reason=\\\"associations_per_address\\\"}\" {print \$2}')\" -ge 24 ]"
 "${CLIENT[@]}" --from 127.0.0.2 resolve-flood $REGISTRAR EchoPool 8 20 > "$W/flood.out" 2>&1 &
 FLOOD=$!; pids+=($FLOOD)
-wait_for 30 "the flood to hit the rate limit" metric_at_least 'rserpool_registrar_rate_limited_total{request="handle_resolution"}' 1
+wait_for 60 "the flood to hit the rate limit" metric_at_least 'rserpool_registrar_rate_limited_total{request="handle_resolution"}' 1
 legit=$("${CLIENT[@]}" --from 127.0.0.3 resolve $REGISTRAR EchoPool 100)
 wait $FLOOD || true
 answered=$(echo "$legit" | sed 's/.* with_pe=\([0-9]*\).*/\1/')
