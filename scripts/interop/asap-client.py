@@ -7,13 +7,18 @@ legitimate pool user that measures the resolutions it still gets.
 Messages are built from RFC 5352/5354 (type, flags, length; TLV parameters padded to 4 bytes)
 and sent with PPID 11 on stream 0 of one-to-one SCTP sockets.
 
+  asap-client.py [--tcp] [--from ADDR] COMMAND ...
+
   asap-client.py [--from ADDR] dereg        REGISTRAR POOL PE_ID
   asap-client.py [--from ADDR] unreachable  REGISTRAR POOL PE_ID ASSOCIATIONS REPORTS_EACH
   asap-client.py [--from ADDR] assoc-flood  REGISTRAR COUNT HOLD_SECONDS
   asap-client.py [--from ADDR] resolve      REGISTRAR POOL COUNT
   asap-client.py [--from ADDR] resolve-flood REGISTRAR POOL ASSOCIATIONS SECONDS
+  asap-client.py [--from ADDR] register-flood REGISTRAR POOL ASSOCIATIONS PES_EACH HOLD_SECONDS
 
 REGISTRAR is ADDR:PORT, PE_ID hex (0x...) or decimal. Output is one line of key=value pairs.
+--tcp speaks rserpool's TCP mapping (docs/tcp-mapping.md: a 12-byte frame header, keep-alive
+frames answered) instead of SCTP, for hosts without kernel SCTP (scripts/bench-flood).
 """
 import socket
 import struct
@@ -22,9 +27,9 @@ import time
 
 SCTP_SNDRCV = 1
 PPID_ASAP = 11
-DEREGISTRATION, DEREGISTRATION_RESPONSE = 0x02, 0x04
+REGISTRATION, DEREGISTRATION, REGISTRATION_RESPONSE, DEREGISTRATION_RESPONSE = 0x01, 0x02, 0x03, 0x04
 HANDLE_RESOLUTION, HANDLE_RESOLUTION_RESPONSE = 0x05, 0x06
-ENDPOINT_UNREACHABLE = 0x09
+ENDPOINT_KEEP_ALIVE, ENDPOINT_KEEP_ALIVE_ACK, ENDPOINT_UNREACHABLE = 0x07, 0x08, 0x09
 POOL_HANDLE, POOL_ELEMENT, OPERATION_ERROR, PE_IDENTIFIER = 0x0009, 0x000A, 0x000C, 0x000E
 
 
@@ -94,6 +99,21 @@ class Association:
             if m[0] == want:
                 return m
 
+    def drain(self):
+        """The messages that are there, without waiting."""
+        out = []
+        self.s.setblocking(False)
+        try:
+            while True:
+                m = self.s.recv(65536)
+                if not m:
+                    break
+                out.append(m)
+        except (BlockingIOError, OSError):
+            pass
+        self.s.setblocking(True)
+        return out
+
     def alive(self):
         """Whether the registrar kept the association (it aborts refused ones)."""
         self.s.settimeout(0.05)
@@ -106,6 +126,109 @@ class Association:
             return False
 
 
+class TcpAssociation(Association):
+    """The same over rserpool's TCP mapping: DATA frames with PPID 11, keep-alives answered."""
+
+    def __init__(self, registrar, local):
+        host, port = registrar.rsplit(":", 1)
+        self.s = socket.create_connection(
+            (host, int(port)), timeout=10, source_address=(local, 0) if local else None
+        )
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def send(self, data):
+        self.s.sendall(struct.pack("!BBHII", 0xE1, 0, 0, PPID_ASAP, len(data)) + data)
+
+    def _frame(self):
+        """A whole frame from the buffer, answering keep-alives; None if incomplete."""
+        while len(self.buf) >= 12:
+            _, ftype, _, _, length = struct.unpack_from("!BBHII", self.buf)
+            if len(self.buf) < 12 + length:
+                return None
+            payload, self.buf = self.buf[12 : 12 + length], self.buf[12 + length :]
+            if ftype == 1:
+                try:
+                    self.s.sendall(struct.pack("!BBHII", 0xE1, 2, 0, 0, len(payload)) + payload)
+                except OSError:
+                    pass
+                continue
+            if ftype == 0:
+                return payload
+        return None
+
+    def recv(self, timeout=10.0):
+        end = time.monotonic() + timeout
+        while True:
+            f = self._frame()
+            if f is not None:
+                return f
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            self.s.settimeout(left)
+            try:
+                data = self.s.recv(65536)
+            except (socket.timeout, OSError):
+                return None
+            if not data:
+                return None
+            self.buf += data
+
+    def drain(self):
+        """Reads what is there without waiting; the whole messages read."""
+        self.s.setblocking(False)
+        n = []
+        try:
+            while True:
+                data = self.s.recv(65536)
+                if not data:
+                    break
+                self.buf += data
+        except (BlockingIOError, OSError):
+            pass
+        self.s.setblocking(True)
+        while True:
+            f = self._frame()
+            if f is None:
+                return n
+            n.append(f)
+
+    def alive(self):
+        self.s.settimeout(0.05)
+        try:
+            data = self.s.recv(65536)
+            if not data:
+                return False
+            self.buf += data
+            return True
+        except socket.timeout:
+            return True
+        except OSError:
+            return False
+
+
+def registration(pool_name, pe, address, port):
+    ipv4 = param(0x0001, socket.inet_aton(address))
+    tcp = param(0x0005, struct.pack("!HH", port, 0) + ipv4)
+    policy = param(0x0008, struct.pack("!I", 1))
+    element = param(POOL_ELEMENT, struct.pack("!III", pe, 0, 60000) + tcp + policy)
+    return message(REGISTRATION, [pool(pool_name), element])
+
+
+def keep_alive_ack(m):
+    """The ENDPOINT_KEEP_ALIVE_ACK for an ENDPOINT_KEEP_ALIVE (server id, then parameters)."""
+    raw, i = [], 8
+    while i + 4 <= len(m):
+        ptype, length = struct.unpack_from("!HH", m, i)
+        if length < 4:
+            break
+        if ptype & 0x3FFF in (POOL_HANDLE, PE_IDENTIFIER):
+            raw.append(m[i : i + length] + b"\0" * (-length % 4))
+        i += length + (-length % 4)
+    return message(ENDPOINT_KEEP_ALIVE_ACK, raw)
+
+
 def pool(name):
     return param(POOL_HANDLE, name.encode())
 
@@ -115,7 +238,10 @@ def pe_id(text):
 
 
 def main(argv):
+    global Association
     local = None
+    if argv and argv[0] == "--tcp":
+        Association, argv = TcpAssociation, argv[1:]
     if argv and argv[0] == "--from":
         local, argv = argv[1], argv[2:]
     cmd, registrar, rest = argv[0], argv[1], argv[2:]
@@ -153,7 +279,10 @@ def main(argv):
         t_all = time.monotonic()
         for _ in range(int(rest[1])):
             t = time.monotonic()
-            a.send(req)
+            try:
+                a.send(req)
+            except OSError:
+                break
             m = a.answer(HANDLE_RESOLUTION_RESPONSE)
             if m is None:
                 continue
@@ -168,27 +297,81 @@ def main(argv):
             "asked=%s answered=%d with_pe=%d rate=%.0f/s p50_ms=%.2f p99_ms=%.2f max_ms=%.2f"
             % (rest[1], answered, with_pe, answered / took if took else 0, q(0.5), q(0.99), q(1.0))
         )
+    elif cmd == "register-flood":
+        assocs = []
+        for _ in range(int(rest[1])):
+            try:
+                assocs.append(Association(registrar, local))
+            except OSError:
+                pass
+        address = local or "127.0.0.1"
+        accepted, refused, causes, next_id = 0, 0, {}, 0x70000000
+        want = int(rest[2])
+        pending = {id(a): 0 for a in assocs}
+        done = {id(a): 0 for a in assocs}
+        # Up to 16 registrations outstanding per association, until each has PES_EACH answers
+        # that are final: accepted, or refused for another reason than the rate (0xa, retried
+        # as a flooder would). At most 60 s.
+        t0 = time.monotonic()
+        while any(done[id(a)] < want for a in assocs) and time.monotonic() - t0 < 60:
+            for a in assocs:
+                while pending[id(a)] < 16 and done[id(a)] + pending[id(a)] < want:
+                    next_id += 1
+                    try:
+                        a.send(registration(rest[0], next_id, address, 9000))
+                    except OSError:
+                        done[id(a)] = want
+                        break
+                    pending[id(a)] += 1
+                for m in a.drain():
+                    if m[0] == ENDPOINT_KEEP_ALIVE:
+                        try:
+                            a.send(keep_alive_ack(m))
+                        except OSError:
+                            pass
+                    if m[0] == REGISTRATION_RESPONSE:
+                        pending[id(a)] -= 1
+                        c = cause_of(m)
+                        if c is None:
+                            accepted += 1
+                            done[id(a)] += 1
+                        else:
+                            refused += 1
+                            causes[c] = causes.get(c, 0) + 1
+                            if c != 0xA:
+                                done[id(a)] += 1
+            time.sleep(0.001)
+        took = time.monotonic() - t0
+        end = time.monotonic() + float(rest[3])
+        print(
+            "associations=%d accepted=%d refused=%d causes=%s seconds=%.1f"
+            % (len(assocs), accepted, refused,
+               ",".join("0x%x:%d" % kv for kv in sorted(causes.items())) or "-", took),
+            flush=True,
+        )
+        # Held, answering keep-alives, as PEs that want to stay would.
+        while time.monotonic() < end:
+            for a in assocs:
+                for m in a.drain():
+                    if m[0] == ENDPOINT_KEEP_ALIVE:
+                        try:
+                            a.send(keep_alive_ack(m))
+                        except OSError:
+                            pass
+            time.sleep(0.1)
     elif cmd == "resolve-flood":
         assocs = [Association(registrar, local) for _ in range(int(rest[1]))]
         req = message(HANDLE_RESOLUTION, [pool(rest[0])])
         end, sent, refused, got = time.monotonic() + float(rest[2]), 0, 0, 0
-        for a in assocs:
-            a.s.setblocking(False)
         while time.monotonic() < end:
             for a in assocs:
                 for _ in range(16):
                     try:
                         a.send(req)
                         sent += 1
-                    except (BlockingIOError, OSError):
+                    except OSError:
                         break
-                while True:
-                    try:
-                        m = a.s.recv(65536)
-                    except (BlockingIOError, OSError):
-                        break
-                    if not m:
-                        break
+                for m in a.drain():
                     got += 1
                     if m[0] == HANDLE_RESOLUTION_RESPONSE and cause_of(m) == 0xA:
                         refused += 1

@@ -86,6 +86,10 @@ pub struct RegistrarArgs {
     /// Per-client ENDPOINT_UNREACHABLE reports per second; 0 = unlimited. [default: 10]
     #[arg(long, value_name = "RATE")]
     pub max_eu_rate: Option<f64>,
+    /// Handle resolutions per second of all associations from one source address together
+    /// (bursts of twice as many); 0 = unlimited. [default: 2000]
+    #[arg(long, value_name = "RATE")]
+    pub max_hr_rate_per_address: Option<f64>,
     /// Per-association ASAP_REGISTRATIONs per second (new and re-registrations; bursts of
     /// twice as many); more are refused with cause 0xa. 0 = unlimited. [default: 100]
     #[arg(long, value_name = "RATE")]
@@ -94,13 +98,18 @@ pub struct RegistrarArgs {
     /// [default: 256]
     #[arg(long, value_name = "N")]
     pub max_associations_per_address: Option<usize>,
-    /// Most PEs registered over one association; 0 = no limit. [default: 4096]
+    /// Most PEs registered over one association; 0 = no limit. [default: 1024]
     #[arg(long, value_name = "N")]
     pub max_pool_elements_per_association: Option<usize>,
     /// Most registrations from other associations waiting for one ownership probe of a live
     /// PE; more are refused with cause 0xa. [default: 4]
     #[arg(long, value_name = "N")]
     pub max_pending_claims: Option<usize>,
+    /// How long the owner of a PE that another association claims has to answer the probe,
+    /// e.g. "2s" (at most the keep-alive timeout; keep it below the PEs' registration timeout,
+    /// RSPLIB's is 3 s). [default: 2s]
+    #[arg(long, value_name = "DURATION")]
+    pub ownership_probe_timeout: Option<String>,
     /// Keep-alive probes that ENDPOINT_UNREACHABLE reports may trigger for one PE per
     /// --unreachable-probe-interval (never more than one at a time). [default: 3]
     #[arg(long, value_name = "N")]
@@ -263,9 +272,11 @@ impl RegistrarArgs {
             max_hr_rate,
             max_eu_rate,
             max_registration_rate,
+            max_hr_rate_per_address,
             max_associations_per_address,
             max_pool_elements_per_association,
             max_pending_claims,
+            ownership_probe_timeout,
             max_unreachable_probes,
             unreachable_probe_interval,
             min_address_scope,
@@ -378,6 +389,9 @@ impl RegistrarArgs {
         if let Some(r) = a.max_eu_rate {
             core.endpoint_unreachable_rate = rate("max-eu-rate", r)?;
         }
+        if let Some(r) = a.max_hr_rate_per_address {
+            core.handle_resolution_rate_per_address = rate("max-hr-rate-per-address", r)?;
+        }
         if let Some(r) = a.max_registration_rate {
             core.registration_rate = rate("max-registration-rate", r)?;
         }
@@ -392,6 +406,14 @@ impl RegistrarArgs {
                 bail!("max-pending-claims: must be at least 1");
             }
             core.max_pending_claims = n;
+        }
+        if let Some(s) = a.ownership_probe_timeout.as_deref() {
+            let d = humantime::parse_duration(s)
+                .map_err(|e| anyhow::anyhow!("ownership-probe-timeout: {s:?}: {e}"))?;
+            if d.is_zero() {
+                bail!("ownership-probe-timeout: must be longer than 0");
+            }
+            core.ownership_probe_timeout = d;
         }
         if let Some(n) = a.max_unreachable_probes {
             core.max_unreachable_probes = n;
@@ -835,10 +857,14 @@ mod tests {
     fn security_limits_from_file_and_flags() {
         let c = parse(&[]).into_config().unwrap();
         assert_eq!(c.core.registration_rate.map(|r| r.rate), Some(100.0));
+        assert_eq!(
+            c.core.handle_resolution_rate_per_address.map(|r| r.rate),
+            Some(2000.0)
+        );
         assert_eq!(c.core.max_associations_per_address, 256);
         assert_eq!(c.core.unreachable_probe_interval, Duration::from_secs(30));
         let c = with_file(
-            "max-registration-rate = 5.0\nmax-associations-per-address = 8\nmax-pool-elements-per-association = 16\nmax-pending-claims = 2\nmax-unreachable-probes = 1\nunreachable-probe-interval = \"1m 30s\"\n",
+            "max-registration-rate = 5.0\nmax-hr-rate-per-address = 0\nmax-associations-per-address = 8\nmax-pool-elements-per-association = 16\nmax-pending-claims = 2\nmax-unreachable-probes = 1\nownership-probe-timeout = \"1500ms\"\nunreachable-probe-interval = \"1m 30s\"\n",
             &["--max-pending-claims", "3"],
         )
         .unwrap();
@@ -847,9 +873,11 @@ mod tests {
             Some((5.0, 10.0))
         );
         assert_eq!(c.core.max_associations_per_address, 8);
+        assert!(c.core.handle_resolution_rate_per_address.is_none());
         assert_eq!(c.core.max_pool_elements_per_association, 16);
         assert_eq!(c.core.max_pending_claims, 3, "the flag wins");
         assert_eq!(c.core.max_unreachable_probes, 1);
+        assert_eq!(c.core.ownership_probe_timeout, Duration::from_millis(1500));
         assert_eq!(c.core.unreachable_probe_interval, Duration::from_secs(90));
         let c = parse(&["--max-registration-rate", "0"])
             .into_config()

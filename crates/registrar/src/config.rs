@@ -145,6 +145,9 @@ pub struct RegistrarConfig {
     /// Per-client rate of ASAP_ENDPOINT_UNREACHABLEs (RSPLIB's `-maxeurate`; RFC 5355 asks for
     /// one); `None` = unlimited.
     pub endpoint_unreachable_rate: Option<RateLimit>,
+    /// Rate of ASAP_HANDLE_RESOLUTIONs of all associations from one source address together
+    /// (RFC 5355: one host flooding over many associations); `None` = unlimited.
+    pub handle_resolution_rate_per_address: Option<RateLimit>,
     /// Per-association rate of ASAP_REGISTRATIONs, new and re-registrations alike (RFC 5355
     /// §3.1/§3.2: registration floods); refused ones are answered with cause 0xa. `None` =
     /// unlimited.
@@ -160,6 +163,10 @@ pub struct RegistrarConfig {
     /// Most registrations from other associations that wait for one ownership probe; more
     /// are refused at once with cause 0xa.
     pub max_pending_claims: usize,
+    /// How long the owner of a claimed PE has to answer the probe (at most
+    /// [`RegistrarConfig::keep_alive_timeout`]). The claimant waits that long for its answer,
+    /// so it must stay below the PEs' registration request timeout (RSPLIB: 3 s).
+    pub ownership_probe_timeout: Duration,
     /// How many keep-alive probes ENDPOINT_UNREACHABLE reports may trigger for one PE within
     /// [`RegistrarConfig::unreachable_probe_interval`] (never more than one at a time).
     pub max_unreachable_probes: u32,
@@ -235,14 +242,19 @@ impl RegistrarConfig {
                 rate: 10.0,
                 burst: 20.0,
             }),
+            handle_resolution_rate_per_address: Some(RateLimit {
+                rate: 2000.0,
+                burst: 4000.0,
+            }),
             registration_rate: Some(RateLimit {
                 rate: 100.0,
                 burst: 200.0,
             }),
             max_associations: 10_000,
             max_associations_per_address: 256,
-            max_pool_elements_per_association: 4096,
+            max_pool_elements_per_association: 1024,
             max_pending_claims: 4,
+            ownership_probe_timeout: Duration::from_secs(2),
             max_unreachable_probes: 3,
             unreachable_probe_interval: Duration::from_secs(30),
             check_user_transport_addresses: true,

@@ -312,7 +312,7 @@ struct Association {
     unreachable_reports: Option<TokenBucket>,
     registrations: Option<TokenBucket>,
     /// Requests refused per rate limit (indexed by [`RateLimited`]).
-    rate_limited: [u64; 3],
+    rate_limited: [u64; 4],
 }
 
 /// The registrar core.
@@ -436,9 +436,12 @@ impl Registrar {
         let refused = if self.associations.len() >= self.config.max_associations {
             Some("max-associations")
         } else if peer.addresses.first().is_some_and(|a| {
-            !self
-                .security
-                .admit(*a, self.config.max_associations_per_address)
+            !self.security.admit(
+                *a,
+                self.config.max_associations_per_address,
+                self.config.handle_resolution_rate_per_address,
+                now,
+            )
         }) {
             // RFC 5355 §3.1/§3.2: one host cannot take every association.
             self.metrics
@@ -465,7 +468,7 @@ impl Registrar {
                 handle_resolutions: bucket(self.config.handle_resolution_rate),
                 unreachable_reports: bucket(self.config.endpoint_unreachable_rate),
                 registrations: bucket(self.config.registration_rate),
-                rate_limited: [0; 3],
+                rate_limited: [0; 4],
             },
         );
         self.update_gauges();
@@ -1036,6 +1039,18 @@ impl Registrar {
             self.refuse_resolution(association, h.pool_handle, CauseCode::RejectedSecurity);
             return;
         }
+        // One host's associations together (RFC 5355 §3.1: a flood over many associations).
+        if self.config.handle_resolution_rate_per_address.is_some() {
+            let address = self
+                .associations
+                .get(&association)
+                .and_then(|a| a.peer.addresses.first().copied());
+            if address.is_some_and(|a| !self.security.allow_resolution(a, now)) {
+                self.rate_limited(association, RateLimited::HandleResolutionPerAddress);
+                self.refuse_resolution(association, h.pool_handle, CauseCode::RejectedSecurity);
+                return;
+            }
+        }
         // Items 0 or no option: the default; 0xffffffff: as many as allowed (RSPLIB's reading
         // of draft-dreibholz-rserpool-asap-hropt).
         let max = self.config.max_handle_resolution_items.max(1);
@@ -1312,10 +1327,22 @@ impl Registrar {
             );
             return;
         };
+        let deadline = now
+            + self
+                .config
+                .ownership_probe_timeout
+                .min(self.config.keep_alive_timeout);
         if self.probe_outstanding(entry) {
+            // The outstanding keep-alive decides, within the ownership probe's timeout.
+            if let Some(t) = self.handlespace.get(entry).and_then(|e| e.timer()) {
+                if t.kind == TimerKind::KeepAliveTimeout && t.deadline > deadline {
+                    self.arm(entry, TimerKind::KeepAliveTimeout, deadline);
+                }
+            }
             return;
         }
         if self.send_keep_alive(now, entry) {
+            self.arm(entry, TimerKind::KeepAliveTimeout, deadline);
             self.metrics.ownership_probes += 1;
             self.security.probing(entry, ProbeReason::Claim);
             self.events.push_back(RegistrarEvent::OwnershipProbe {

@@ -64,6 +64,9 @@ pub enum RateLimited {
     EndpointUnreachable,
     /// ASAP_REGISTRATION (`--max-registration-rate`).
     Registration,
+    /// ASAP_HANDLE_RESOLUTION, all associations of one address together
+    /// (`--max-hr-rate-per-address`).
+    HandleResolutionPerAddress,
 }
 
 /// Why a request was refused to protect PEs or the registrar (RFC 5355), beside the rate
@@ -152,7 +155,7 @@ pub struct Metrics {
     pub unreachable_reports: u64,
     /// Requests refused by a per-client rate limit: handle resolutions, unreachable reports,
     /// registrations.
-    pub rate_limited: [u64; 3],
+    pub rate_limited: [u64; 4],
     /// Requests and associations refused for security (see [`SecurityRefusal::ALL`]).
     pub security_refusals: [u64; 5],
     /// Keep-alives sent to a PE's owner because another association claimed the PE.
@@ -422,6 +425,10 @@ impl Metrics {
             (RateLimited::HandleResolution, "handle_resolution"),
             (RateLimited::EndpointUnreachable, "endpoint_unreachable"),
             (RateLimited::Registration, "registration"),
+            (
+                RateLimited::HandleResolutionPerAddress,
+                "handle_resolution_per_address",
+            ),
         ] {
             let _ = writeln!(
                 out,

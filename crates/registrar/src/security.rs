@@ -5,6 +5,8 @@
 //! The core ([`crate::Registrar`]) decides; this module only keeps the books, each map bounded
 //! by what the core's limits allow (PEs, associations, claims per PE).
 
+use crate::config::RateLimit;
+use crate::rate::TokenBucket;
 use rserpool_handlespace::{AssociationId, EntryId};
 use rserpool_wire::asap;
 use rustc_hash::FxHashMap;
@@ -32,6 +34,14 @@ pub(crate) enum ProbeReason {
     Reports,
 }
 
+/// What is kept per source address while it has associations.
+#[derive(Debug)]
+struct AddressState {
+    associations: u32,
+    /// Handle resolutions of all its associations together.
+    resolutions: Option<TokenBucket>,
+}
+
 #[derive(Debug, Clone, Default)]
 struct ProbeState {
     outstanding: Option<ProbeReason>,
@@ -47,31 +57,52 @@ pub(crate) struct Security {
     probes: FxHashMap<EntryId, ProbeState>,
     /// Keyed by peer input: the default (SipHash) hasher keeps it safe from collisions an
     /// attacker could choose.
-    per_address: HashMap<IpAddr, u32>,
+    per_address: HashMap<IpAddr, AddressState>,
 }
 
 impl Security {
-    /// Counts an association from `address` unless `limit` (0 = none) is reached.
-    pub fn admit(&mut self, address: IpAddr, limit: usize) -> bool {
-        let n = self.per_address.entry(address).or_insert(0);
-        if limit > 0 && *n as usize >= limit {
-            if *n == 0 {
+    /// Counts an association from `address` unless `limit` (0 = none) is reached; a new
+    /// address gets a bucket of `resolutions` for all its associations.
+    pub fn admit(
+        &mut self,
+        address: IpAddr,
+        limit: usize,
+        resolutions: Option<RateLimit>,
+        now: Duration,
+    ) -> bool {
+        let n = self
+            .per_address
+            .entry(address)
+            .or_insert_with(|| AddressState {
+                associations: 0,
+                resolutions: resolutions.map(|l| TokenBucket::new(l, now)),
+            });
+        if limit > 0 && n.associations as usize >= limit {
+            if n.associations == 0 {
                 self.per_address.remove(&address);
             }
             return false;
         }
-        *n += 1;
+        n.associations += 1;
         true
     }
 
     /// An association from `address` is gone.
     pub fn release(&mut self, address: IpAddr) {
         if let Some(n) = self.per_address.get_mut(&address) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+            n.associations = n.associations.saturating_sub(1);
+            if n.associations == 0 {
                 self.per_address.remove(&address);
             }
         }
+    }
+
+    /// Takes a handle resolution from the address's bucket; `true` if allowed (or unlimited).
+    pub fn allow_resolution(&mut self, address: IpAddr, now: Duration) -> bool {
+        self.per_address
+            .get_mut(&address)
+            .and_then(|a| a.resolutions.as_mut())
+            .is_none_or(|b| b.allow(now))
     }
 
     /// Whether the PE has a keep-alive outstanding for a claim or for reports.
@@ -164,14 +195,15 @@ mod tests {
     fn per_address_counts_come_and_go() {
         let mut s = Security::default();
         let a: IpAddr = "10.0.0.1".parse().unwrap();
-        assert!(s.admit(a, 2));
-        assert!(s.admit(a, 2));
-        assert!(!s.admit(a, 2));
+        let t = Duration::ZERO;
+        assert!(s.admit(a, 2, None, t));
+        assert!(s.admit(a, 2, None, t));
+        assert!(!s.admit(a, 2, None, t));
         s.release(a);
-        assert!(s.admit(a, 2));
+        assert!(s.admit(a, 2, None, t));
         s.release(a);
         s.release(a);
         assert_eq!(s.tracked(), 0, "no state left for a gone address");
-        assert!((0..1000).all(|_| s.admit(a, 0)), "0 = unlimited");
+        assert!((0..1000).all(|_| s.admit(a, 0, None, t)), "0 = unlimited");
     }
 }

@@ -614,3 +614,90 @@ fn pool_elements_per_association() {
         1
     );
 }
+
+#[test]
+fn handle_resolutions_per_source_address() {
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.handle_resolution_rate = None;
+        c.handle_resolution_rate_per_address = Some(RateLimit {
+            rate: 1.0,
+            burst: 4.0,
+        });
+    });
+    let owner = h.up(1, HOST);
+    h.send(owner, registration("P", 5));
+    // One host over four associations shares one budget of 4; another host has its own.
+    let flood: Vec<AssociationId> = (10..14).map(|i| h.up(i, "10.255.0.9")).collect();
+    let calm = h.up(20, "10.255.0.8");
+    h.sent();
+    let resolve = AsapMessage::HandleResolution(asap::HandleResolution {
+        subscribe: false,
+        pool_handle: PoolHandle::from("P"),
+        option: None,
+    });
+    for _ in 0..3 {
+        for a in &flood {
+            h.send(*a, resolve.clone());
+        }
+    }
+    h.send(calm, resolve.clone());
+    let sent = h.sent();
+    let answered = |a: AssociationId| -> Vec<bool> {
+        Harness::sent_to(&sent, a)
+            .iter()
+            .map(|m| matches!(m, AsapMessage::HandleResolutionResponse(r) if r.error.is_none()))
+            .collect()
+    };
+    let served: usize = flood
+        .iter()
+        .map(|a| answered(*a).iter().filter(|ok| **ok).count())
+        .sum();
+    assert_eq!(served, 4, "the host's burst, over all its associations");
+    assert_eq!(answered(calm), vec![true]);
+    assert_eq!(
+        h.r.metrics()
+            .rate_limited_by(RateLimited::HandleResolutionPerAddress),
+        8
+    );
+    h.advance_to(ms(1000));
+    h.send(flood[3], resolve);
+    let sent = h.sent();
+    assert!(matches!(&Harness::sent_to(&sent, flood[3])[..],
+        [AsapMessage::HandleResolutionResponse(r)] if r.error.is_none()));
+}
+
+#[test]
+fn the_ownership_probe_has_its_own_shorter_timeout() {
+    // RSPLIB's PEs give up on a registration after 3 s: the claim must be answered sooner than
+    // the 5 s keep-alive timeout.
+    let mut h = Harness::new(Profile::Rsplib, |c| {
+        c.keep_alive_timeout = Duration::from_secs(5);
+        c.ownership_probe_timeout = Duration::from_millis(1500);
+    });
+    let owner = h.up(1, HOST);
+    let claimant = h.up(2, HOST);
+    h.send(owner, registration("P", 5));
+    h.sent();
+    h.send(claimant, registration("P", 5));
+    h.advance_to(ms(1499));
+    assert_eq!(h.owner("P", 5), Some(owner));
+    h.advance_to(ms(1500));
+    assert_eq!(h.owner("P", 5), Some(claimant));
+
+    // A periodic keep-alive already outstanding is shortened to the probe's timeout.
+    let c2 = h.up(3, HOST);
+    h.advance_to(ms(1500 + 5000));
+    let sent = h.sent();
+    assert_eq!(keep_alives(&Harness::sent_to(&sent, claimant)), 1);
+    h.advance_to(ms(6600));
+    h.send(c2, registration("P", 5));
+    assert_eq!(
+        h.r.metrics().ownership_probes,
+        1,
+        "the outstanding keep-alive serves"
+    );
+    h.advance_to(ms(8099));
+    assert_eq!(h.owner("P", 5), Some(claimant));
+    h.advance_to(ms(8100));
+    assert_eq!(h.owner("P", 5), Some(c2));
+}
