@@ -333,7 +333,7 @@ pub async fn run(
                 let t = now();
                 for _ in 0..MAX_BATCH {
                     let Some(event) = endpoint.try_next_event() else { break };
-                    on_transport_event(&mut core, &mut outbox, t, event);
+                    on_transport_event(&mut core, &mut outbox, t, event, enrp.as_mut());
                 }
                 core.handle_timeout(t);
                 if let Some(e) = enrp.as_mut() {

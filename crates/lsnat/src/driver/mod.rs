@@ -291,7 +291,7 @@ pub async fn try_bind(config: &Config) -> std::io::Result<()> {
     bind_all(config, config.mode != crate::config::Mode::Nat)
         .await
         .map(drop)
-    }
+}
 
 /// NAT mode where asked for and possible; None means the proxy serves (the reason is logged).
 async fn prepare_nat(config: &Config) -> std::io::Result<Option<crate::nat::Prepared>> {
