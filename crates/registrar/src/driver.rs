@@ -205,6 +205,10 @@ pub async fn run(
         metrics: shared_metrics.clone(),
     });
 
+    if let Some(e) = enrp.as_mut() {
+        // The greeting PRESENCE to the static peers goes out now, not at the first timer.
+        e.flush().await;
+    }
     let mut outbox = Outbox::new(config.max_held_answers);
     tokio::pin!(shutdown);
     // One timer, moved only when the deadline changes.

@@ -896,3 +896,21 @@ fn a_pe_taken_over_that_re_registers_first_is_adopted() {
     net.run_for(secs(8));
     assert_eq!(net.table(1).len(), 1);
 }
+
+#[test]
+fn presence_rate_at_rest_is_one_per_peer_and_cycle() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |_| {});
+    net.run_for(secs(20));
+    let before: Vec<u64> = (0..3)
+        .map(|i| net.metrics(i).sent_of(EnrpMessageType::Presence))
+        .collect();
+    net.run_for(secs(100));
+    for (i, b) in before.into_iter().enumerate() {
+        let sent = net.metrics(i).sent_of(EnrpMessageType::Presence) - b;
+        // Two peers, one PRESENCE each per 2.444 s cycle (±12.5 %): about 82 in 100 s.
+        assert!(
+            (70..=95).contains(&sent),
+            "node {i}: {sent} PRESENCEs in 100 s"
+        );
+    }
+}
