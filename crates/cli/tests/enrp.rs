@@ -62,18 +62,19 @@ fn start_with(id: u32, peer: Option<SocketAddr>, extra: &[&str]) -> Registrar {
         &id.to_string(),
     ]);
     if !extra.contains(&"--default-timers") {
-        // Short ENRP timers: a takeover within seconds.
+        // ENRP timers shorter than RSPLIB's defaults, so that a takeover comes within seconds,
+        // yet long enough that a loaded machine does not make a live peer look dead.
         cmd.args([
             "--mentor-discovery-timeout",
             "1s",
             "--peer-heartbeat-cycle",
-            "500ms",
+            "1s",
             "--peer-max-time-last-heard",
-            "1500ms",
+            "4s",
             "--peer-max-time-no-response",
-            "1500ms",
-            "--takeover-expiry-interval",
             "3s",
+            "--takeover-expiry-interval",
+            "10s",
         ]);
     }
     if let Some(p) = peer {
