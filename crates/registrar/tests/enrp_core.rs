@@ -914,3 +914,83 @@ fn presence_rate_at_rest_is_one_per_peer_and_cycle() {
         );
     }
 }
+
+#[test]
+fn a_takeover_without_every_ack_is_abandoned_cleanly() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(2, "P", 1..=3, 1);
+    net.run_for(secs(3));
+    // Node 1 never acknowledges anything.
+    net.loss = Some(Box::new(|from, _, kind| {
+        from == 1 && kind == EnrpMessageType::InitTakeoverAck
+    }));
+    net.kill(2);
+    net.run_for(secs(40));
+    let dead = net.id(2);
+    for i in 0..2 {
+        assert!(net.won(i).is_empty(), "node {i} won without every ack");
+        // The PEs stay with their dead home until their life runs out.
+        assert_eq!(net.table(i).len(), 3);
+        assert!(net.table(i).iter().all(|(_, _, h)| *h == dead));
+        assert!(!net.nodes[i].enrp.peer_ids().contains(&dead));
+    }
+    assert!(net.nodes[0].events.iter().any(
+        |e| matches!(e, EnrpEvent::TakeoverAbandoned { missing, .. } if missing == &vec![net.id(1)])
+    ));
+    assert_eq!(net.metrics(0).takeovers_of(TakeoverOutcome::Abandoned), 1);
+    assert!(net.nodes[0].home_keep_alives.is_empty());
+}
+
+#[test]
+fn limits_on_peers_and_pes_per_peer_are_reported() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |c| {
+        c.max_peers = 1;
+        c.max_pool_elements_per_peer = 5;
+    });
+    net.run_for(secs(12));
+    net.register(1, "P", 1..=10, 1);
+    net.run_for(secs(12));
+    let m0 = net.metrics(0);
+    assert_eq!(m0.peers, 1, "node 0 keeps one peer");
+    assert!(m0.limits_hit >= 1);
+    let e0 = &net.nodes[0].events;
+    assert!(e0
+        .iter()
+        .any(|e| matches!(e, EnrpEvent::LimitReached { what, .. } if what.starts_with("peers"))));
+    // Whoever learned node 1's PEs holds at most 5 of them, and said so.
+    for i in [0, 2] {
+        let held = net
+            .table(i)
+            .iter()
+            .filter(|(_, _, h)| *h == net.id(1))
+            .count();
+        assert!(held <= 5, "node {i} holds {held}");
+    }
+    assert!((0..3).any(|i| net.nodes[i].events.iter().any(
+        |e| matches!(e, EnrpEvent::LimitReached { what, .. } if what.starts_with("PEs per peer"))
+    )));
+}
+
+#[test]
+fn a_healed_partition_ends_with_equal_handlespaces() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(0, "P", 1..=5, 1);
+    net.run_for(secs(2));
+    // Node 2 is cut off for less than a peer may be silent: no takeover, but it misses updates.
+    net.nodes[2].cut = true;
+    net.register(0, "P", 6..=8, 1);
+    net.deregister(0, "P", 1);
+    net.register(1, "P", [20], 1);
+    net.run_for(secs(3));
+    assert_ne!(net.table(2), net.table(0));
+    net.nodes[2].cut = false;
+    net.run_for(secs(10));
+    for i in 0..3 {
+        assert!(net.won(i).is_empty());
+        assert_eq!(net.table(i), net.table(0), "node {i}");
+    }
+    assert_eq!(net.table(0).len(), 8);
+    assert!(net.metrics(2).audit_mismatches >= 1);
+}
