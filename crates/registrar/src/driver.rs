@@ -473,6 +473,16 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             error,
             answered,
         } => tracing::warn!(association = association.0, %error, answered, "malformed message"),
+        RegistrarEvent::Adopted {
+            pool_handle,
+            pe_id,
+            association,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            association = association.0,
+            "PE taken over adopted this registrar as its home"
+        ),
         RegistrarEvent::Ignored {
             association,
             message,
