@@ -994,3 +994,33 @@ fn a_healed_partition_ends_with_equal_handlespaces() {
     assert_eq!(net.table(0).len(), 8);
     assert!(net.metrics(2).audit_mismatches >= 1);
 }
+
+#[test]
+fn takeover_suggestion_when_turned_on() {
+    // Off (the default): no T flag, nothing taken over.
+    let mut net = Net::new(&[0x100, 0x200], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(0, "P", [1], 1);
+    net.run_for(secs(2));
+    assert!(net.nodes[1].home_keep_alives.is_empty());
+    // On: PE 1 suits 0x200 better (0x200 ^ 1 > 0x100 ^ 1), which takes it over with H=1.
+    let mut net = Net::new(&[0x100, 0x200], Profile::Rsplib, |c| {
+        c.takeover_suggestion = true
+    });
+    net.run_for(secs(12));
+    net.register(0, "P", [1], 1);
+    net.run_for(secs(2));
+    let ka = &net.nodes[1].home_keep_alives;
+    assert_eq!(ka.len(), 1);
+    assert_eq!(ka[0].2, PoolElementId(1));
+    let pe = net.nodes[1]
+        .reg
+        .handlespace()
+        .find(&PoolHandle::from("P"), PoolElementId(1))
+        .unwrap();
+    assert_eq!(pe.home_registrar(), net.id(1));
+    assert!(
+        pe.association().is_some(),
+        "the PE answered and was adopted"
+    );
+}
