@@ -16,6 +16,9 @@
 #   5. kill -9 A: exactly one rspregistrar (C or D) takes A's PEs over, and the other's hsdump
 #      shows both PEs at home with it;
 #   6. a PU resolves EchoPool at the taker and gets its line echoed by a PE that was A's.
+#
+# Four registrars and two takeovers take 1-4 minutes in the VM, more on a loaded host:
+# vm-timeout: 600
 SL=10.255.0.1
 A_ID=5e5e0001; B_ID=5e5e0002; C_ID=5e5e0003; D_ID=5e5e0004
 METRICS=127.0.0.1:4890
