@@ -108,6 +108,7 @@ say "      C's hsdump, PE $pe_b: $(grep -A1 -F "$pe_b" "$W/hsdump-C.txt" | head 
 rsp_takeover_done "$W/C.log" "$W/D.log" && fail "an rspregistrar completed a takeover of B too"
 say "step 4 ok: kill -9 B -> A won the takeover $won_after s after the kill, and PE $pe_b adopted A (it answered the H=1 keep-alive, or re-registered over the association the keep-alive opened) $adopted_after s after the kill: $(nocolor < "$W/A.log" | grep -m1 'takeover won' | sed 's/.*INFO //')"
 
+t_kill=$(date +%s.%N)
 kill -9 $A
 wait_for 120 "an rspregistrar to take A over" rsp_takeover_done "$W/C.log" "$W/D.log"
 takers=$(grep -l 'Takeover of peer .* completed' "$W/C.log" "$W/D.log" | wc -l)
@@ -116,7 +117,9 @@ taker=$(grep -l 'Takeover of peer .* completed' "$W/C.log" "$W/D.log")
 taker=$(basename "$taker" .log)
 if [ "$taker" = C ]; then TAKER_ID=$C_ID; OTHER=$SL:4841; ASAP_T=$SL:4830
 else TAKER_ID=$D_ID; OTHER=$SL:4831; ASAP_T=$SL:4840; fi
-say "      $taker: $(nocolor < "$W/$taker.log" | grep -m1 -o 'Takeover of peer .* completed')"
+# RSPLIB stamps its log lines "01-Dec-2026 12:46:21.1439: ..." (the guest's clock, as t_kill).
+rsp_after=$(since_kill "$(nocolor < "$W/$taker.log" | grep -m1 'Takeover of peer .* completed' | awk '{sub(/:$/, "", $2); print $1, $2}')" 2>/dev/null) || rsp_after="?"
+say "      $taker: $(nocolor < "$W/$taker.log" | grep -m1 -o 'Takeover of peer .* completed') $rsp_after s after the kill"
 check_homes() {
     hsdump_of $OTHER > "$W/hsdump-other.txt"
     for pe in "$pe_a" "$pe_b"; do
