@@ -16,18 +16,23 @@
 #   5. kill -9 A: exactly one rspregistrar (C or D) takes A's PEs over, and the other's hsdump
 #      shows both PEs at home with it;
 #   6. a PU resolves EchoPool at the taker and gets its line echoed by a PE that was A's.
+#
+# Four registrars and two takeovers take 1-4 minutes in the VM, more on a loaded host:
+# vm-timeout: 600
 SL=10.255.0.1
 A_ID=5e5e0001; B_ID=5e5e0002; C_ID=5e5e0003; D_ID=5e5e0004
 METRICS=127.0.0.1:4890
 LOG=("${RSPLIB_LOG[@]}")
-# Short ENRP timers on both sides, generous enough for a loaded VM.
-# A detects a dead peer sooner than the rspregistrars (2.5 s + 1.5 s against 6 s + 3 s), so that
-# it is the first to start the takeover of B: whoever starts first wins unless a lower ID races.
-RSP_TIMERS=(-peerheartbeatcycle=1000 -peermaxtimelastheard=6000 -peermaxtimenoresponse=3000
-    -takeoverexpiryinterval=6000 -mentordiscoverytimeout=2000 -asapannounce=off -enrpannounce=off
+# ENRP timers shorter than the defaults on both sides, but generous enough for a VM on a loaded
+# host (binaries there run several times slower, and a stalled guest must not look like a dead
+# peer). A detects a dead peer sooner than the rspregistrars (8 s + 4 s against 15 s + 6 s), so
+# that it is the first to start the takeover of B: whoever starts first wins unless a lower ID
+# races it.
+RSP_TIMERS=(-peerheartbeatcycle=2000 -peermaxtimelastheard=15000 -peermaxtimenoresponse=6000
+    -takeoverexpiryinterval=15000 -mentordiscoverytimeout=2000 -asapannounce=off -enrpannounce=off
     -minaddressscope=loopback)
-OUR_TIMERS=(--peer-heartbeat-cycle 1s --peer-max-time-last-heard 2500ms --peer-max-time-no-response 1500ms
-    --takeover-expiry-interval 6s --mentor-discovery-timeout 2s --asap-announce off --enrp-announce off
+OUR_TIMERS=(--peer-heartbeat-cycle 2s --peer-max-time-last-heard 8s --peer-max-time-no-response 4s
+    --takeover-expiry-interval 15s --mentor-discovery-timeout 2s --asap-announce off --enrp-announce off
     --min-address-scope loopback)
 
 hsdump_of() {   # hsdump_of ADDR:PORT -> hsdump's output without colours
@@ -87,32 +92,41 @@ won() { metric 'rserpool_registrar_enrp_takeovers_total{outcome="won"}'; }
 adopted() { metric rserpool_registrar_pool_elements_adopted_total; }
 t_kill=$(date +%s.%N)
 kill -9 $B
-wait_for 60 "A to take B over" metric_is 'rserpool_registrar_enrp_takeovers_total{outcome="won"}' 1
-wait_for 30 "PE-B to adopt A as its home" metric_at_least rserpool_registrar_pool_elements_adopted_total 1
-adopted_after=$(elapsed_since "$t_kill")
+wait_for 120 "A to take B over" metric_is 'rserpool_registrar_enrp_takeovers_total{outcome="won"}' 1
+wait_for 90 "PE-B to adopt A as its home" metric_at_least rserpool_registrar_pool_elements_adopted_total 1
+# From A's own log (the guest's clock, as t_kill): when it won, when the PE adopted it.
+since_kill() { awk -v a="$t_kill" -v b="$(date -d "$1" +%s.%N)" 'BEGIN{printf "%.3f", b-a}'; }
+ts_won=$(nocolor < "$W/A.log" | grep -m1 'takeover won' | awk '{print $1}')
+ts_adopted=$(nocolor < "$W/A.log" | grep -m1 "adopted this registrar as its home.* pe=\\$pe_b " | awk '{print $1}')
+[ -n "$ts_won" ] || fail "A counted a takeover won but did not log it"
+[ -n "$ts_adopted" ] || fail "A counted an adopted PE but did not log PE $pe_b's adoption"
+won_after=$(since_kill "$ts_won"); adopted_after=$(since_kill "$ts_adopted")
 hsdump_of $SL:4831 > "$W/hsdump-C.txt"
 home=$(pe_home_in "$W/hsdump-C.txt" "$pe_b" || true)
 say "      C's hsdump, PE $pe_b: $(grep -A1 -F "$pe_b" "$W/hsdump-C.txt" | head -n2 | tr -s ' ' | tr '\n' ' ')"
 [ "$home" = "\$$A_ID" ] || fail "C does not show A as PE $pe_b's home (got '${home:-none}')"
 rsp_takeover_done "$W/C.log" "$W/D.log" && fail "an rspregistrar completed a takeover of B too"
-say "step 4 ok: kill -9 B -> A won the takeover and PE $pe_b adopted A (H=1 keep-alive answered) $adopted_after s after the kill: $(nocolor < "$W/A.log" | grep -m1 'takeover won' | sed 's/.*INFO //')"
+say "step 4 ok: kill -9 B -> A won the takeover $won_after s after the kill, and PE $pe_b adopted A (it answered the H=1 keep-alive, or re-registered over the association the keep-alive opened) $adopted_after s after the kill: $(nocolor < "$W/A.log" | grep -m1 'takeover won' | sed 's/.*INFO //')"
 
+t_kill=$(date +%s.%N)
 kill -9 $A
-wait_for 60 "an rspregistrar to take A over" rsp_takeover_done "$W/C.log" "$W/D.log"
+wait_for 120 "an rspregistrar to take A over" rsp_takeover_done "$W/C.log" "$W/D.log"
 takers=$(grep -l 'Takeover of peer .* completed' "$W/C.log" "$W/D.log" | wc -l)
 [ "$takers" = 1 ] || fail "$takers rspregistrars completed the takeover of A"
 taker=$(grep -l 'Takeover of peer .* completed' "$W/C.log" "$W/D.log")
 taker=$(basename "$taker" .log)
 if [ "$taker" = C ]; then TAKER_ID=$C_ID; OTHER=$SL:4841; ASAP_T=$SL:4830
 else TAKER_ID=$D_ID; OTHER=$SL:4831; ASAP_T=$SL:4840; fi
-say "      $taker: $(nocolor < "$W/$taker.log" | grep -m1 -o 'Takeover of peer .* completed')"
+# RSPLIB stamps its log lines "01-Dec-2026 12:46:21.1439: ..." (the guest's clock, as t_kill).
+rsp_after=$(since_kill "$(nocolor < "$W/$taker.log" | grep -m1 'Takeover of peer .* completed' | awk '{sub(/:$/, "", $2); print $1, $2}')" 2>/dev/null) || rsp_after="?"
+say "      $taker: $(nocolor < "$W/$taker.log" | grep -m1 -o 'Takeover of peer .* completed') $rsp_after s after the kill"
 check_homes() {
     hsdump_of $OTHER > "$W/hsdump-other.txt"
     for pe in "$pe_a" "$pe_b"; do
         [ "$(pe_home_in "$W/hsdump-other.txt" "$pe")" = "\$$TAKER_ID" ] || return 1
     done
 }
-wait_for 60 "the other rspregistrar to show both PEs at home $taker" check_homes
+wait_for 90 "the other rspregistrar to show both PEs at home $taker" check_homes
 say "step 5 ok: kill -9 A -> $taker took A's PEs ($pe_a, $pe_b) over, as the other rspregistrar's hsdump shows"
 
 MSG="Hello after two takeovers"

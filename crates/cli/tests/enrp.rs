@@ -9,6 +9,7 @@ use rserpool_wire::{
     TransportAddress, UserTransport,
 };
 use socket2::{Domain, Socket, Type};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -59,21 +60,27 @@ fn start_with(id: u32, peer: Option<SocketAddr>, extra: &[&str]) -> Registrar {
         "loopback",
         "--identifier",
         &id.to_string(),
-        "--mentor-discovery-timeout",
-        "1s",
-        "--peer-heartbeat-cycle",
-        "500ms",
-        "--peer-max-time-last-heard",
-        "1500ms",
-        "--peer-max-time-no-response",
-        "1500ms",
-        "--takeover-expiry-interval",
-        "3s",
     ]);
+    if !extra.contains(&"--default-timers") {
+        // ENRP timers shorter than RSPLIB's defaults, so that a takeover comes within seconds,
+        // yet long enough that a loaded machine does not make a live peer look dead.
+        cmd.args([
+            "--mentor-discovery-timeout",
+            "1s",
+            "--peer-heartbeat-cycle",
+            "1s",
+            "--peer-max-time-last-heard",
+            "4s",
+            "--peer-max-time-no-response",
+            "3s",
+            "--takeover-expiry-interval",
+            "10s",
+        ]);
+    }
     if let Some(p) = peer {
         cmd.args(["--peer", &p.to_string()]);
     }
-    cmd.args(extra);
+    cmd.args(extra.iter().filter(|a| **a != "--default-timers"));
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(match std::env::var("ENRP_TEST_LOG_DIR") {
@@ -459,4 +466,117 @@ fn hundred_pes_converge_and_a_restarted_registrar_resynchronises() {
     let mut ids = resolve_n(&r3, Some(0xffff_ffff));
     ids.sort();
     assert_eq!(ids, (1..=100).collect::<Vec<_>>());
+}
+
+fn rss_kib(r: &Registrar) -> u64 {
+    std::fs::read_to_string(format!("/proc/{}/status", r.child.id()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn sent_total(r: &Registrar) -> BTreeMap<String, u64> {
+    metrics(r)
+        .lines()
+        .filter(|l| l.starts_with("rserpool_registrar_enrp_messages_sent_total{"))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((between(k, "type=\"", "\"").to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Figures for docs and the closing note, not a timed test: the time a new registrar takes to
+/// download N PEs from its mentor over the TCP mapping, the memory the learned PEs take, and the
+/// ENRP traffic at rest with three registrars. `ENRP_FIGURE_PES` (default 10 000).
+#[test]
+#[ignore = "benchmark: cargo test -p rserpool-cli --release --test enrp figures -- --ignored --nocapture"]
+fn figures_sync_memory_and_traffic_at_rest() {
+    let n: u32 = std::env::var("ENRP_FIGURE_PES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let quiet = [
+        "--endpoint-keep-alive-transmission-interval",
+        "3600000",
+        "--default-timers",
+    ];
+    let r1 = start_with(0x3001, None, &quiet);
+    let ids: Vec<u32> = (1..=n).collect();
+    let mut _pes = Vec::new();
+    for chunk in ids.chunks(1000) {
+        _pes.push(pes(&r1, chunk));
+    }
+    wait_for("the PEs at the mentor", Duration::from_secs(600), || {
+        metric(&r1, "rserpool_registrar_pool_elements") == u64::from(n)
+    });
+    let t = Instant::now();
+    let r2 = start_with(0x3002, Some(r1.enrp), &quiet);
+    let rss_before = rss_kib(&r2);
+    wait_for(
+        "the new registrar up to date",
+        Duration::from_secs(600),
+        || metric(&r2, "rserpool_registrar_pool_elements") == u64::from(n),
+    );
+    let took = t.elapsed();
+    let rss_after = rss_kib(&r2);
+    eprintln!(
+        "FIGURE sync: {n} PEs from the mentor in {:.3} s ({:.0} PEs/s), {} handle table responses",
+        took.as_secs_f64(),
+        f64::from(n) / took.as_secs_f64(),
+        sent_total(&r1)
+            .get("ENRP_HANDLE_TABLE_RESPONSE")
+            .copied()
+            .unwrap_or(0)
+    );
+    eprintln!(
+        "FIGURE memory: RSS {} KiB -> {} KiB: {:.0} bytes per learned PE",
+        rss_before,
+        rss_after,
+        (rss_after.saturating_sub(rss_before) * 1024) as f64 / f64::from(n)
+    );
+    let r3 = start_with(0x3003, Some(r1.enrp), &quiet);
+    wait_for(
+        "the third registrar up to date",
+        Duration::from_secs(600),
+        || metric(&r3, "rserpool_registrar_pool_elements") == u64::from(n),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let before: Vec<_> = [&r1, &r2, &r3].iter().map(|r| sent_total(r)).collect();
+    let window = Duration::from_secs(20);
+    std::thread::sleep(window);
+    for (i, r) in [&r1, &r2, &r3].into_iter().enumerate() {
+        let after = sent_total(r);
+        let rate: Vec<String> = after
+            .iter()
+            .map(|(k, v)| (k, v - before[i].get(k).copied().unwrap_or(0)))
+            .filter(|(_, d)| *d > 0)
+            .map(|(k, d)| format!("{k} {:.2}/s", d as f64 / window.as_secs_f64()))
+            .collect();
+        eprintln!("FIGURE at rest, registrar {}: {}", i + 1, rate.join(", "));
+    }
+    // kill -9 of the home of every PE, with RSPLIB's default timers: the time to the last PE
+    // adopted by its new home.
+    let t = Instant::now();
+    let mut r1 = r1;
+    r1.child.kill().unwrap();
+    let _ = r1.child.wait();
+    let adopted = || {
+        [&r2, &r3]
+            .iter()
+            .map(|r| metric(r, "rserpool_registrar_pool_elements_adopted_total"))
+            .sum::<u64>()
+    };
+    wait_for("every PE adopted", Duration::from_secs(600), || {
+        adopted() == u64::from(n)
+    });
+    eprintln!(
+        "FIGURE takeover: kill -9 of the home of {n} PEs to the last PE adopted: {:.3} s (default rsplib timers)",
+        t.elapsed().as_secs_f64()
+    );
 }

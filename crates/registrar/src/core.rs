@@ -293,6 +293,16 @@ pub enum RegistrarEvent {
         /// Whether an ASAP_ERROR was sent back.
         answered: bool,
     },
+    /// A PE taken over from a dead peer answered over the association the H=1 keep-alive
+    /// opened: it adopted this registrar as its home (RFC 5353 §3.5.2).
+    Adopted {
+        /// Pool.
+        pool_handle: PoolHandle,
+        /// PE.
+        pe_id: PoolElementId,
+        /// The association it answered over.
+        association: AssociationId,
+    },
     /// A well-formed message a registrar does not take from PEs or PUs (ignored).
     Ignored {
         /// Where it came from.
@@ -824,6 +834,11 @@ impl Registrar {
             Ok(outcome) => {
                 if adopting {
                     self.metrics.adopted += 1;
+                    self.events.push_back(RegistrarEvent::Adopted {
+                        pool_handle: pool_handle.clone(),
+                        pe_id,
+                        association,
+                    });
                 }
                 let entry = outcome.entry();
                 let new = outcome.is_new();

@@ -306,6 +306,10 @@ pub async fn run(
         endpoint: handle.clone(),
     });
 
+    if let Some(e) = enrp.as_mut() {
+        // The greeting PRESENCE to the static peers goes out now, not at the first timer.
+        e.flush().await;
+    }
     let mut outbox = Outbox::new(config.max_held_answers);
     tokio::pin!(shutdown);
     // One timer, moved only when the deadline changes.
@@ -614,6 +618,16 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             error,
             answered,
         } => tracing::warn!(association = association.0, %error, answered, "malformed message"),
+        RegistrarEvent::Adopted {
+            pool_handle,
+            pe_id,
+            association,
+        } => tracing::info!(
+            pool = %pool_handle,
+            pe = %pe_id,
+            association = association.0,
+            "PE taken over adopted this registrar as its home"
+        ),
         RegistrarEvent::Ignored {
             association,
             message,

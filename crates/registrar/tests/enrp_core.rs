@@ -896,3 +896,131 @@ fn a_pe_taken_over_that_re_registers_first_is_adopted() {
     net.run_for(secs(8));
     assert_eq!(net.table(1).len(), 1);
 }
+
+#[test]
+fn presence_rate_at_rest_is_one_per_peer_and_cycle() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |_| {});
+    net.run_for(secs(20));
+    let before: Vec<u64> = (0..3)
+        .map(|i| net.metrics(i).sent_of(EnrpMessageType::Presence))
+        .collect();
+    net.run_for(secs(100));
+    for (i, b) in before.into_iter().enumerate() {
+        let sent = net.metrics(i).sent_of(EnrpMessageType::Presence) - b;
+        // Two peers, one PRESENCE each per 2.444 s cycle (±12.5 %): about 82 in 100 s.
+        assert!(
+            (70..=95).contains(&sent),
+            "node {i}: {sent} PRESENCEs in 100 s"
+        );
+    }
+}
+
+#[test]
+fn a_takeover_without_every_ack_is_abandoned_cleanly() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(2, "P", 1..=3, 1);
+    net.run_for(secs(3));
+    // Node 1 never acknowledges anything.
+    net.loss = Some(Box::new(|from, _, kind| {
+        from == 1 && kind == EnrpMessageType::InitTakeoverAck
+    }));
+    net.kill(2);
+    net.run_for(secs(40));
+    let dead = net.id(2);
+    for i in 0..2 {
+        assert!(net.won(i).is_empty(), "node {i} won without every ack");
+        // The PEs stay with their dead home until their life runs out.
+        assert_eq!(net.table(i).len(), 3);
+        assert!(net.table(i).iter().all(|(_, _, h)| *h == dead));
+        assert!(!net.nodes[i].enrp.peer_ids().contains(&dead));
+    }
+    assert!(net.nodes[0].events.iter().any(
+        |e| matches!(e, EnrpEvent::TakeoverAbandoned { missing, .. } if missing == &vec![net.id(1)])
+    ));
+    assert_eq!(net.metrics(0).takeovers_of(TakeoverOutcome::Abandoned), 1);
+    assert!(net.nodes[0].home_keep_alives.is_empty());
+}
+
+#[test]
+fn limits_on_peers_and_pes_per_peer_are_reported() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |c| {
+        c.max_peers = 1;
+        c.max_pool_elements_per_peer = 5;
+    });
+    net.run_for(secs(12));
+    net.register(1, "P", 1..=10, 1);
+    net.run_for(secs(12));
+    let m0 = net.metrics(0);
+    assert_eq!(m0.peers, 1, "node 0 keeps one peer");
+    assert!(m0.limits_hit >= 1);
+    let e0 = &net.nodes[0].events;
+    assert!(e0
+        .iter()
+        .any(|e| matches!(e, EnrpEvent::LimitReached { what, .. } if what.starts_with("peers"))));
+    // Whoever learned node 1's PEs holds at most 5 of them, and said so.
+    for i in [0, 2] {
+        let held = net
+            .table(i)
+            .iter()
+            .filter(|(_, _, h)| *h == net.id(1))
+            .count();
+        assert!(held <= 5, "node {i} holds {held}");
+    }
+    assert!((0..3).any(|i| net.nodes[i].events.iter().any(
+        |e| matches!(e, EnrpEvent::LimitReached { what, .. } if what.starts_with("PEs per peer"))
+    )));
+}
+
+#[test]
+fn a_healed_partition_ends_with_equal_handlespaces() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(0, "P", 1..=5, 1);
+    net.run_for(secs(2));
+    // Node 2 is cut off for less than a peer may be silent: no takeover, but it misses updates.
+    net.nodes[2].cut = true;
+    net.register(0, "P", 6..=8, 1);
+    net.deregister(0, "P", 1);
+    net.register(1, "P", [20], 1);
+    net.run_for(secs(3));
+    assert_ne!(net.table(2), net.table(0));
+    net.nodes[2].cut = false;
+    net.run_for(secs(10));
+    for i in 0..3 {
+        assert!(net.won(i).is_empty());
+        assert_eq!(net.table(i), net.table(0), "node {i}");
+    }
+    assert_eq!(net.table(0).len(), 8);
+    assert!(net.metrics(2).audit_mismatches >= 1);
+}
+
+#[test]
+fn takeover_suggestion_when_turned_on() {
+    // Off (the default): no T flag, nothing taken over.
+    let mut net = Net::new(&[0x100, 0x200], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(0, "P", [1], 1);
+    net.run_for(secs(2));
+    assert!(net.nodes[1].home_keep_alives.is_empty());
+    // On: PE 1 suits 0x200 better (0x200 ^ 1 > 0x100 ^ 1), which takes it over with H=1.
+    let mut net = Net::new(&[0x100, 0x200], Profile::Rsplib, |c| {
+        c.takeover_suggestion = true
+    });
+    net.run_for(secs(12));
+    net.register(0, "P", [1], 1);
+    net.run_for(secs(2));
+    let ka = &net.nodes[1].home_keep_alives;
+    assert_eq!(ka.len(), 1);
+    assert_eq!(ka[0].2, PoolElementId(1));
+    let pe = net.nodes[1]
+        .reg
+        .handlespace()
+        .find(&PoolHandle::from("P"), PoolElementId(1))
+        .unwrap();
+    assert_eq!(pe.home_registrar(), net.id(1));
+    assert!(
+        pe.association().is_some(),
+        "the PE answered and was adopted"
+    );
+}

@@ -258,6 +258,13 @@ impl Registrar {
                 .is_ok();
         if adopted {
             self.metrics.adopted += 1;
+            if let Some(pe) = self.handlespace.get(entry) {
+                self.events.push_back(RegistrarEvent::Adopted {
+                    pool_handle: pe.pool_handle().clone(),
+                    pe_id: pe.id(),
+                    association,
+                });
+            }
         }
         adopted
     }
