@@ -84,6 +84,10 @@ pub fn core_config(mut c: CoreConfig) -> CoreConfig {
     c.timers.tcp_rst_linger = Duration::ZERO;
     c.health.response_timeout = None;
     c.health.close_sessions_on_dead = false;
+    // A session lasts until conntrack destroys it, TIME_WAIT included (120 s by default), so
+    // a per-member ceiling would count closed connections; only a member's own explicit
+    // `max_sessions` applies.
+    c.limits.max_sessions_per_member = u32::MAX;
     c
 }
 
@@ -572,9 +576,26 @@ fn handle(
             Some(tcp_state::CLOSE) if t.reached => {
                 core.closed(now, t.id, Outcome::ResetUnattributed);
             }
-            Some(tcp_state::CLOSE) => core.member_failed(now, t.id, "connection refused (reset)"),
+            // Not evidence against the member: the reset may be the client's (a reused client
+            // port meeting the member's TIME_WAIT is answered with an ACK the client resets),
+            // and conntrack does not say who sent it. Active probes judge liveness in NAT mode.
+            Some(tcp_state::CLOSE) => {
+                core.closed(
+                    now,
+                    t.id,
+                    Outcome::ConnectFailed {
+                        reason: "reset before the handshake completed (side unknown)".into(),
+                    },
+                );
+            }
             Some(tcp_state::SYN_SENT) | None if !t.reached => {
-                core.member_failed(now, t.id, "no answer to the SYN before conntrack's timeout")
+                core.closed(
+                    now,
+                    t.id,
+                    Outcome::ConnectFailed {
+                        reason: "no answer to the SYN before conntrack's timeout".into(),
+                    },
+                );
             }
             Some(tcp_state::FIN_WAIT | tcp_state::CLOSE_WAIT) => {
                 core.closed(
@@ -728,7 +749,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_connection_is_connect_failed_and_evidence_against_the_member() {
+    fn a_reset_before_the_handshake_is_connect_failed_but_not_evidence() {
         let mut h = Harness::new();
         for (i, port) in [40001u16, 40002, 40003].into_iter().enumerate() {
             let t = 100 * i as u64;
@@ -743,8 +764,10 @@ mod tests {
             h.feed(t + 2, e);
         }
         assert_eq!(h.core.outcome_count("connect_failed"), 3);
+        // Who reset is unknown (the client, meeting the member's TIME_WAIT, or the member):
+        // liveness is left to the probes.
         let m = h.core.member_id("10.0.2.2:7000").unwrap();
-        assert_eq!(h.core.member_health(m), Some(Health::Dead));
+        assert_eq!(h.core.member_health(m), Some(Health::Alive));
         let r = h.core.recent_outcomes().last().unwrap();
         assert!(r.reached_ms.is_none());
     }
