@@ -9,6 +9,8 @@
 //! - [`driver`] is the tokio data plane: a userspace TCP and UDP relay, active probes, the
 //!   timer tick, and the HTTP status (`/status`, JSON) and metrics (`/metrics`, Prometheus)
 //!   endpoint.
+//! - [`nat`] is the kernel data plane (`mode = "nat"`): an nftables table of the gateway's own
+//!   whose weight map the core keeps current, and conntrack events as the receipts.
 //! - [`source`] is where members come from: a static list now; an RSerPool pool source plugs in
 //!   through [`source::MemberSource`].
 //! - [`config`] reads the TOML file and command-line flags into checked settings.

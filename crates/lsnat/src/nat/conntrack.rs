@@ -349,6 +349,70 @@ impl Subscription {
     }
 }
 
+/// The conntrack table's IPv4 TCP and UDP entries now (a ctnetlink dump on its own socket),
+/// as update events. Used to resynchronise after events were lost, and at start to adopt
+/// sessions bound before a restart. Blocking; needs CAP_NET_ADMIN.
+pub fn dump(timeout: std::time::Duration) -> std::io::Result<Vec<CtEvent>> {
+    use netlink_packet_core::NetlinkMessage;
+    use netlink_packet_netfilter::{NetfilterHeader, NetfilterProtoFamily};
+    const NLM_F_REQUEST: u16 = 1;
+    const NLM_F_DUMP: u16 = 0x300;
+    const IPCTNL_MSG_CT_GET: u16 = 1;
+    let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
+    let nf = NetfilterMessage::new(
+        NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
+        ConntrackMessage::Get(vec![]),
+    );
+    let mut msg = NetlinkMessage::from(nf);
+    msg.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    msg.header.sequence_number = 1;
+    msg.finalize();
+    msg.header.message_type = (1u16 << 8) | IPCTNL_MSG_CT_GET;
+    let mut req = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut req);
+    socket.send(&req, 0)?;
+    let fd = socket.as_raw_fd();
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt on a socket we own with a correctly sized timeval.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+    let mut out = Vec::new();
+    let mut buf = Vec::with_capacity(1 << 16);
+    loop {
+        buf.clear();
+        socket.recv(&mut buf, 0)?;
+        let mut done = false;
+        let mut rest: &[u8] = &buf;
+        while rest.len() >= 16 {
+            let Ok(nb) = NetlinkBuffer::new_checked(rest) else {
+                break;
+            };
+            if matches!(nb.message_type(), NLMSG_DONE | NLMSG_ERROR) {
+                done = true;
+            }
+            let aligned = ((nb.length() as usize) + 3) & !3;
+            rest = &rest[aligned.min(rest.len())..];
+        }
+        out.extend(parse_datagram(&buf).into_iter().flatten());
+        if done || buf.is_empty() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,6 +84,10 @@ pub fn core_config(mut c: CoreConfig) -> CoreConfig {
     c.timers.tcp_rst_linger = Duration::ZERO;
     c.health.response_timeout = None;
     c.health.close_sessions_on_dead = false;
+    // A session lasts until conntrack destroys it, TIME_WAIT included (120 s by default), so
+    // a per-member ceiling would count closed connections; only a member's own explicit
+    // `max_sessions` applies.
+    c.limits.max_sessions_per_member = u32::MAX;
     c
 }
 
@@ -160,11 +164,14 @@ struct Stats {
     lost: u64,
     map_updates: u64,
     map_failures: u64,
+    resyncs: u64,
+    ended_unobserved: u64,
 }
 
 /// What the driver remembers of a session the kernel bound.
 struct Tracked {
     id: SessionId,
+    since: Time,
     reached: bool,
     half_closed: bool,
     tcp_state: Option<u8>,
@@ -173,6 +180,54 @@ struct Tracked {
 enum Feed {
     Events(Vec<CtEvent>, u64),
     Lost,
+}
+
+/// After lost events: sessions conntrack no longer has (and that began before the dump) ended
+/// unobserved; entries the gateway missed are adopted.
+#[allow(clippy::too_many_arguments)] // the event handler's state, passed apart as `handle` takes it
+fn resync(
+    core: &mut Gateway,
+    now: Time,
+    started: Time,
+    table: Vec<CtEvent>,
+    by: &'static str,
+    ours: &impl Fn(&FlowKey) -> bool,
+    tracked: &mut HashMap<FlowKey, Tracked>,
+    stats: &mut Stats,
+) {
+    let mut live = std::collections::HashSet::new();
+    for e in table {
+        let flow = FlowKey {
+            protocol: e.protocol,
+            client: e.client,
+            virtual_address: e.virtual_address,
+        };
+        if !ours(&flow) {
+            continue;
+        }
+        live.insert(flow);
+        handle(core, now, e, by, ours, tracked, stats);
+    }
+    let gone: Vec<FlowKey> = tracked
+        .iter()
+        .filter(|(f, t)| t.since < started && !live.contains(*f))
+        .map(|(f, _)| *f)
+        .collect();
+    for f in gone {
+        if let Some(t) = tracked.remove(&f) {
+            stats.ended_unobserved += 1;
+            // Its DESTROY event was among the lost ones: how it ended is unknown, and the
+            // receipt says so rather than guessing.
+            core.closed(
+                now,
+                t.id,
+                Outcome::Aborted {
+                    by: Side::Client,
+                    reason: "ended while conntrack events were lost (outcome unknown)".into(),
+                },
+            );
+        }
+    }
 }
 
 fn member_views(snaps: Vec<MemberSnapshot>) -> Vec<MemberView> {
@@ -309,6 +364,10 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     let mut tracked: HashMap<FlowKey, Tracked> = HashMap::new();
     let mut last: Option<Program> = None;
     let mut last_lost_log: Option<Instant> = None;
+    // A dump of the conntrack table: at start (sessions bound before a restart) and after
+    // lost events, at most once a second.
+    let mut resync_due = true;
+    let mut last_resync: Option<Instant> = None;
     let ours = |flow: &FlowKey| {
         listeners.iter().any(|l| {
             l.protocol == flow.protocol && SocketAddr::V4(l.address) == flow.virtual_address
@@ -320,6 +379,24 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     loop {
         tokio::select! {
             _ = iv.tick() => {
+                if resync_due && last_resync.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    resync_due = false;
+                    last_resync = Some(Instant::now());
+                    let started = shared.now();
+                    let table = tokio::task::spawn_blocking(|| conntrack::dump(Duration::from_secs(5)))
+                        .await
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                        .and_then(|r| r);
+                    match table {
+                        Ok(table) => {
+                            stats.resyncs += 1;
+                            shared.with(|core, now| {
+                                resync(core, now, started, table, by, &ours, &mut tracked, &mut stats)
+                            });
+                        }
+                        Err(e) => tracing::warn!(error = %e, "dumping the conntrack table failed"),
+                    }
+                }
                 let next = shared.with(|core, now| program(core, now, &listeners, settings.max_slots));
                 if last.as_ref().is_some_and(|p| same_rules(p, &next)) {
                     continue;
@@ -350,6 +427,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                 match feed {
                     Feed::Lost => {
                         stats.lost += 1;
+                        resync_due = true;
                         if last_lost_log.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
                             last_lost_log = Some(Instant::now());
                             tracing::warn!(times = stats.lost, "conntrack events were lost (socket buffer full; raise nat.event-buffer): some receipts will be missing");
@@ -421,6 +499,7 @@ fn handle(
                     flow,
                     Tracked {
                         id,
+                        since: now,
                         reached: false,
                         half_closed: false,
                         tcp_state: None,
@@ -497,9 +576,26 @@ fn handle(
             Some(tcp_state::CLOSE) if t.reached => {
                 core.closed(now, t.id, Outcome::ResetUnattributed);
             }
-            Some(tcp_state::CLOSE) => core.member_failed(now, t.id, "connection refused (reset)"),
+            // Not evidence against the member: the reset may be the client's (a reused client
+            // port meeting the member's TIME_WAIT is answered with an ACK the client resets),
+            // and conntrack does not say who sent it. Active probes judge liveness in NAT mode.
+            Some(tcp_state::CLOSE) => {
+                core.closed(
+                    now,
+                    t.id,
+                    Outcome::ConnectFailed {
+                        reason: "reset before the handshake completed (side unknown)".into(),
+                    },
+                );
+            }
             Some(tcp_state::SYN_SENT) | None if !t.reached => {
-                core.member_failed(now, t.id, "no answer to the SYN before conntrack's timeout")
+                core.closed(
+                    now,
+                    t.id,
+                    Outcome::ConnectFailed {
+                        reason: "no answer to the SYN before conntrack's timeout".into(),
+                    },
+                );
             }
             Some(tcp_state::FIN_WAIT | tcp_state::CLOSE_WAIT) => {
                 core.closed(
@@ -653,7 +749,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_connection_is_connect_failed_and_evidence_against_the_member() {
+    fn a_reset_before_the_handshake_is_connect_failed_but_not_evidence() {
         let mut h = Harness::new();
         for (i, port) in [40001u16, 40002, 40003].into_iter().enumerate() {
             let t = 100 * i as u64;
@@ -668,8 +764,10 @@ mod tests {
             h.feed(t + 2, e);
         }
         assert_eq!(h.core.outcome_count("connect_failed"), 3);
+        // Who reset is unknown (the client, meeting the member's TIME_WAIT, or the member):
+        // liveness is left to the probes.
         let m = h.core.member_id("10.0.2.2:7000").unwrap();
-        assert_eq!(h.core.member_health(m), Some(Health::Dead));
+        assert_eq!(h.core.member_health(m), Some(Health::Alive));
         let r = h.core.recent_outcomes().last().unwrap();
         assert!(r.reached_ms.is_none());
     }
@@ -739,6 +837,33 @@ mod tests {
         h.feed(0, e);
         assert_eq!(h.core.active_sessions(), 1);
         assert_eq!(h.stats.adopted, 1);
+    }
+
+    #[test]
+    fn resync_ends_sessions_conntrack_forgot_and_adopts_the_ones_missed() {
+        let mut h = Harness::new();
+        h.feed(0, ev(CtKind::New, 1, "10.0.2.2:7000")); // its DESTROY will be lost
+        h.feed(0, ev(CtKind::New, 2, "10.0.2.2:7000")); // still in the table
+        h.feed(900, ev(CtKind::New, 3, "10.0.2.3:7000")); // opened after the dump began
+        let mut still = ev(CtKind::Update, 2, "10.0.2.2:7000");
+        still.tcp_state = Some(tcp_state::ESTABLISHED);
+        let mut missed = ev(CtKind::Update, 4, "10.0.2.3:7000"); // its NEW was lost
+        missed.tcp_state = Some(tcp_state::ESTABLISHED);
+        let ours = |f: &FlowKey| f.virtual_address == VIP.parse::<SocketAddr>().unwrap();
+        resync(
+            &mut h.core,
+            Duration::from_millis(1000),
+            Duration::from_millis(500),
+            vec![still, missed],
+            "kernel-map:round-robin",
+            &ours,
+            &mut h.tracked,
+            &mut h.stats,
+        );
+        assert_eq!(h.stats.ended_unobserved, 1);
+        assert_eq!(h.core.outcome_count("aborted"), 1);
+        assert_eq!(h.core.active_sessions(), 3);
+        assert_eq!(h.tracked.len(), 3);
     }
 
     #[test]
