@@ -759,7 +759,7 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
                         s.metrics_addr.map(|m| format!(", metrics at http://{m}/metrics")).unwrap_or_default()
                     );
                     if !s.enrp_addrs.is_empty() {
-                        println!("registrar {} serving ENRP on {:?}", s.registrar_id, s.enrp_addrs);
+                        outln!("registrar {} serving ENRP on {}", s.registrar_id, join(&s.enrp_addrs));
                     }
                 }
             }

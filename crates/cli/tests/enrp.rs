@@ -98,11 +98,11 @@ fn start_with(id: u32, peer: Option<SocketAddr>, extra: &[&str]) -> Registrar {
             panic!("registrar {id} exited");
         }
         if line.contains("serving ASAP") {
-            asap = Some(between(&line, "on [", "]").parse().unwrap());
+            asap = Some(between(&line, "on ", " (").parse().unwrap());
             metrics = Some(between(&line, "http://", "/metrics").parse().unwrap());
         }
         if line.contains("serving ENRP") {
-            enrp = Some(between(&line, "on [", "]").parse().unwrap());
+            enrp = Some(between(&line, "serving ENRP on ", "\n").trim().parse().unwrap());
         }
     }
     // Keep reading so the pipe never fills.

@@ -151,8 +151,8 @@ fn registrar() -> (Proc, String) {
         ],
         None,
     );
-    let text = r.wait_for("serving ASAP over TCP on [");
-    let addr = word_after(&text, "serving ASAP over TCP on [");
+    let text = r.wait_for("serving ASAP over TCP on ");
+    let addr = word_after(&text, "serving ASAP over TCP on ");
     (r, addr)
 }
 
