@@ -5,6 +5,7 @@ mod decode;
 mod demo;
 mod registrar;
 mod resolve;
+mod tls;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -31,6 +31,8 @@ pub struct ResolveArgs {
     /// Registration Life unit of the registrar: ms (RSPLIB) or s (RFC text).
     #[arg(long, default_value = "ms", value_parser = ["ms", "s"])]
     life_unit: String,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
 }
 
 /// Runs `rserpool resolve`.
@@ -59,12 +61,20 @@ pub fn run(args: ResolveArgs) -> Result<()> {
         },
         ..CodecConfig::default()
     };
+    let tls = args.tls.settings()?;
+    if tls.is_some() && transport == TransportChoice::Sctp {
+        bail!(
+            "--transport sctp: {}",
+            rserpool_transport::TlsError::OverSctp
+        );
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
         let mut access = RegistrarAccess::single(args.registrar[0], transport);
         access.registrars = args.registrar.iter().map(|a| vec![*a]).collect();
+        access.endpoint.tls = tls;
         let client = PoolUserClient::start(
             ResolverConfig {
                 items,
@@ -85,9 +95,10 @@ pub fn run(args: ResolveArgs) -> Result<()> {
         .map_err(|e| match e {
             ResolveError::NoRegistrar => {
                 anyhow!(
-                    "no registrar of {:?} could be reached over {}",
+                    "no registrar of {:?} could be reached over {}{}",
                     args.registrar,
-                    args.transport
+                    args.transport,
+                    if args.tls.given() { " with TLS" } else { "" }
                 )
             }
             e => anyhow!("pool {pool}: {e}"),
