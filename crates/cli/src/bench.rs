@@ -306,7 +306,9 @@ async fn drive(
 }
 
 /// Opens one association after the other until `stop`: connect (and the TLS handshake), one
-/// handle resolution answered, close. Counts associations that got their answer.
+/// handle resolution answered, close. Counts associations that got their answer. Each
+/// association gets a fresh endpoint, as a new client process would: under TLS that is a full
+/// handshake every time, never a resumed session.
 async fn drive_connects(
     args: &BenchArgs,
     done: Arc<AtomicU64>,
@@ -320,9 +322,6 @@ async fn drive_connects(
     };
     let mut config = EndpointConfig::new(choice);
     config.tls = args.tls.settings()?;
-    let mut endpoint = Endpoint::bind(config)
-        .await
-        .context("binding a client endpoint")?;
     let resolution = Bytes::from(Codec::default().encode(&AsapMessage::HandleResolution(
         asap::HandleResolution {
             subscribe: false,
@@ -331,6 +330,9 @@ async fn drive_connects(
         },
     ))?);
     while !stop.load(Ordering::Relaxed) {
+        let mut endpoint = Endpoint::bind(config.clone())
+            .await
+            .context("binding a client endpoint")?;
         let id = endpoint.connect(&[args.registrar]).await?;
         endpoint.send(id, 11, 0, resolution.clone()).await?;
         let mut answered = false;
