@@ -240,7 +240,7 @@ async fn run_inbound(
 enum Established {
     Plain(TcpStream),
     Tls(
-        tokio_rustls::client::TlsStream<TcpStream>,
+        Box<tokio_rustls::client::TlsStream<TcpStream>>,
         Option<Arc<PeerIdentity>>,
     ),
 }
@@ -339,7 +339,7 @@ pub(crate) fn connect(
         let attempt = match (attempt, sh.tls.clone()) {
             (Ok(stream), Some(tls)) => tokio::select! {
                 r = tls_connect(&sh, &tls, stream) => r
-                    .map(|(s, identity)| Established::Tls(s, identity))
+                    .map(|(s, identity)| Established::Tls(Box::new(s), identity))
                     .map_err(DownReason::Tls),
                 _ = abort.notified() => Err(DownReason::LocalAbort),
             },
@@ -351,7 +351,7 @@ pub(crate) fn connect(
                 run_conn(sh, id, stream, Framing::Mapped, rx, handle.abort, None).await
             }
             Ok(Established::Tls(stream, identity)) => {
-                run_conn(sh, id, stream, Framing::Mapped, rx, handle.abort, identity).await
+                run_conn(sh, id, *stream, Framing::Mapped, rx, handle.abort, identity).await
             }
             Err(e) => {
                 let reason = match sh.state(id) {
