@@ -46,7 +46,9 @@ pub struct BenchArgs {
     /// Seconds to measure each workload (after one second of warm-up).
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Workloads, in order: resolve, register; `none` only registers the pool.
+    /// Workloads, in order: resolve, register, connect (a new association per request:
+    /// connect, with the TLS handshake under TLS, one handle resolution, close); `none` only
+    /// registers the pool.
     #[arg(long, value_delimiter = ',', default_value = "resolve,register")]
     workloads: Vec<String>,
     /// After the workloads, keep the pool's PEs registered (answering keep-alives) until
@@ -58,6 +60,8 @@ pub struct BenchArgs {
     /// how fast this load generator is.
     #[arg(long)]
     registrar_pid: Option<u32>,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
 }
 
 /// CPU time a process has used, in user space and in the kernel.
@@ -98,7 +102,9 @@ async fn connect(args: &BenchArgs) -> Result<Conn> {
         "sctp" => TransportChoice::Sctp,
         _ => TransportChoice::Auto,
     };
-    let mut endpoint = Endpoint::bind(EndpointConfig::new(choice))
+    let mut config = EndpointConfig::new(choice);
+    config.tls = args.tls.settings()?;
+    let mut endpoint = Endpoint::bind(config)
         .await
         .context("binding a client endpoint")?;
     let id = endpoint.handle().connect(&[args.registrar]).await?;
@@ -136,6 +142,7 @@ fn pe(args: &BenchArgs, i: u32) -> PoolElement {
 enum Workload {
     Resolve,
     Register,
+    Connect,
 }
 
 /// What an answer is, for counting.
@@ -223,7 +230,7 @@ async fn drive(
     ))?);
     let request = |next: &mut u32| -> Bytes {
         match workload {
-            Workload::Resolve => resolution.clone(),
+            Workload::Resolve | Workload::Connect => resolution.clone(),
             Workload::Register => {
                 let i = *next;
                 *next = if *next + 1 >= slice.1 {
@@ -303,6 +310,64 @@ async fn drive(
     Ok(())
 }
 
+/// Opens one association after the other until `stop`: connect (and the TLS handshake), one
+/// handle resolution answered, close. Counts associations that got their answer. Each
+/// association gets a fresh endpoint, as a new client process would: under TLS that is a full
+/// handshake every time, never a resumed session.
+async fn drive_connects(
+    args: &BenchArgs,
+    done: Arc<AtomicU64>,
+    bad: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> Result<()> {
+    let choice = if args.transport == "tcp" {
+        TransportChoice::Tcp
+    } else {
+        TransportChoice::Sctp
+    };
+    let mut config = EndpointConfig::new(choice);
+    config.tls = args.tls.settings()?;
+    let resolution = Bytes::from(Codec::default().encode(&AsapMessage::HandleResolution(
+        asap::HandleResolution {
+            subscribe: false,
+            pool_handle: PoolHandle::from(args.pool.as_str()),
+            option: None,
+        },
+    ))?);
+    while !stop.load(Ordering::Relaxed) {
+        let mut endpoint = Endpoint::bind(config.clone())
+            .await
+            .context("binding a client endpoint")?;
+        let id = endpoint.connect(&[args.registrar]).await?;
+        endpoint.send(id, 11, 0, resolution.clone()).await?;
+        let mut answered = false;
+        loop {
+            let ev = tokio::time::timeout(Duration::from_secs(5), endpoint.next_event())
+                .await
+                .map_err(|_| anyhow!("no answer from the registrar for 5 s"))?;
+            match ev {
+                Some(Event::Message { id: m, data, .. }) if m == id && !answered => {
+                    match classify(Workload::Resolve, &data) {
+                        Answer::Good => done.fetch_add(1, Ordering::Relaxed),
+                        _ => bad.fetch_add(1, Ordering::Relaxed),
+                    };
+                    answered = true;
+                    let _ = endpoint.close(id).await;
+                }
+                Some(Event::AssociationDown { id: d, reason }) if d == id => {
+                    if !answered {
+                        bail!("association lost before the answer: {reason}");
+                    }
+                    break;
+                }
+                Some(_) => {}
+                None => bail!("endpoint closed"),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Rate of good answers, unexpected answers, and the registrar's CPU time in the window.
 async fn measure(
     args: &Arc<BenchArgs>,
@@ -315,6 +380,13 @@ async fn measure(
     let n = args.associations.max(1) as u32;
     let per = args.pes.div_ceil(n).max(1);
     for k in 0..n {
+        if workload == Workload::Connect {
+            let (a, d, b, s) = (args.clone(), done.clone(), bad.clone(), stop.clone());
+            tasks.push(tokio::spawn(
+                async move { drive_connects(&a, d, b, s).await },
+            ));
+            continue;
+        }
         let conn = connect(args).await?;
         let slice = (
             (k * per).min(args.pes - 1),
@@ -364,11 +436,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .map(|w| match w.as_str() {
             "resolve" => Ok(Workload::Resolve),
             "register" => Ok(Workload::Register),
+            "connect" => Ok(Workload::Connect),
             other => Err(anyhow!(
-                "--workloads: {other:?} is not resolve, register or none"
+                "--workloads: {other:?} is not resolve, register, connect or none"
             )),
         })
         .collect::<Result<_>>()?;
+    if args.tls.settings()?.is_some() && args.transport != "tcp" {
+        bail!(
+            "--transport {}: {}",
+            args.transport,
+            rserpool_transport::TlsError::OverSctp
+        );
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -432,6 +512,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let name = match w {
                 Workload::Resolve => "handle resolutions",
                 Workload::Register => "registrations",
+                Workload::Connect => "associations (connect, resolve, close)",
             };
             outln!(
                 "{name}: {rate:.0}/s ({} associations × {} outstanding, {:.1} s; {bad} unexpected answers)",

@@ -18,6 +18,7 @@ mod pe;
 mod pu;
 mod registrar;
 mod resolve;
+mod tls;
 mod units;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -200,6 +200,20 @@ pub struct RegistrarArgs {
     /// Send and honour takeover suggestions (T flag; `-supporttakeoversuggestion`).
     #[arg(long)]
     pub support_takeover_suggestion: Option<bool>,
+    /// TLS on the TCP mapping (in the file: the `[tls]` table, keys `cert`, `key`, `ca`,
+    /// `handshake-timeout`).
+    #[command(flatten)]
+    #[serde(skip)]
+    pub tls: crate::tls::TlsArgs,
+    /// The registrar's TLS identity rules (in the file: `[tls]` keys `require-client-cert`,
+    /// `unauthenticated-resolve`, `enrp-peers`, and `[[tls.register]]` tables).
+    #[command(flatten)]
+    #[serde(skip)]
+    pub tls_rules: crate::tls::RegistrarTlsArgs,
+    /// The `[tls]` table of the `--config` file.
+    #[arg(skip)]
+    #[serde(rename = "tls", default)]
+    pub tls_file: Option<crate::tls::TlsFile>,
 }
 
 /// A duration as "2.444s", "500ms", "1m" (humantime) or plain milliseconds (as rspregistrar's
@@ -310,6 +324,9 @@ impl RegistrarArgs {
         if self.asap.is_empty() {
             self.asap = file.asap;
         }
+        if self.tls_file.is_none() {
+            self.tls_file = file.tls_file.take();
+        }
         if self.plain_tcp.is_empty() {
             self.plain_tcp = file.plain_tcp;
         }
@@ -318,7 +335,8 @@ impl RegistrarArgs {
 
     /// The driver configuration these options describe; errors name the option.
     pub fn into_config(self) -> Result<DriverConfig> {
-        let a = self.merged()?;
+        let mut a = self.merged()?;
+        let tls = crate::tls::registrar_tls(&a.tls, &a.tls_rules, a.tls_file.take())?;
         let profile = match a.profile.as_deref().unwrap_or("rsplib") {
             "rsplib" => Profile::Rsplib,
             "rfc" => Profile::Rfc,
@@ -496,6 +514,17 @@ impl RegistrarArgs {
             config.core.min_address_scope = AddressScope::Loopback;
         }
         config.plain_tcp_listen = a.plain_tcp;
+        if let Some((settings, access)) = tls {
+            if config.transport == TransportChoice::Sctp {
+                bail!(
+                    "--transport sctp: {}",
+                    rserpool_transport::TlsError::OverSctp
+                );
+            }
+            config.transport = TransportChoice::Tcp;
+            config.endpoint.tls = Some(settings);
+            config.core.access = Some(access);
+        }
         config.announce_interface = a.announce_interface;
         if let Some(ttl) = a.announce_ttl {
             if !(1..=255).contains(&ttl) {
@@ -718,6 +747,11 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
         outln!("configuration ok; every address can be bound");
         return Ok(());
     }
+    let tls = if config.endpoint.tls.is_some() {
+        " with TLS"
+    } else {
+        ""
+    };
     // One thread: the registrar core is one state machine, and the transport's reader and the
     // core hand messages to each other without crossing threads.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -732,7 +766,7 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
             started = started_rx => {
                 if let Ok(s) = started {
                     outln!(
-                        "registrar {} serving ASAP over {} on {} ({}; {}){}{}",
+                        "registrar {} serving ASAP over {}{tls} on {} ({}; {}){}{}",
                         s.registrar_id,
                         s.transport,
                         join(&s.asap_addrs),
@@ -1011,5 +1045,73 @@ mod tests {
         ])
         .into_config())
         .contains("max-elements-per-ht-request"));
+    }
+
+    #[test]
+    fn tls_table_and_flags() {
+        let toml = "[tls]\ncert = \"/etc/r.pem\"\nkey = \"/etc/r.key\"\nca = \"/etc/ca.pem\"\nhandshake-timeout = \"2s 500ms\"\nunauthenticated-resolve = false\nenrp-peers = [\"dns:registrar-*.example.net\"]\n\n[[tls.register]]\nidentity = \"dns:*.echo.example.net\"\npools = [\"EchoPool\", \"Echo*\"]\n";
+        let c = with_file(toml, &[]).unwrap();
+        let tls = c.endpoint.tls.as_ref().expect("TLS on");
+        assert_eq!(tls.ca, PathBuf::from("/etc/ca.pem"));
+        assert_eq!(tls.handshake_timeout, Duration::from_millis(2500));
+        assert!(!tls.require_client_certificate);
+        assert_eq!(
+            c.transport,
+            TransportChoice::Tcp,
+            "TLS runs on the TCP mapping"
+        );
+        let access = c.core.access.as_ref().expect("identity rules");
+        assert!(!access.unauthenticated_resolution);
+        assert_eq!(access.registration.len(), 1);
+        assert_eq!(access.registration[0].pools.len(), 2);
+        assert_eq!(
+            access.enrp_peers[0].to_string(),
+            "dns:registrar-*.example.net"
+        );
+        // Flags win: a rule list given as flags replaces the file's.
+        let c = with_file(
+            toml,
+            &[
+                "--tls-register",
+                "cn:calc-*=CalcAppPool",
+                "--tls-register",
+                "cn:echo-*=EchoPool",
+                "--tls-unauthenticated-resolve",
+                "true",
+                "--tls-require-client-cert",
+                "true",
+                "--tls-handshake-timeout",
+                "1s",
+            ],
+        )
+        .unwrap();
+        let access = c.core.access.unwrap();
+        assert_eq!(access.registration.len(), 2);
+        assert!(access.unauthenticated_resolution);
+        let tls = c.endpoint.tls.unwrap();
+        assert!(tls.require_client_certificate);
+        assert_eq!(tls.handshake_timeout, Duration::from_secs(1));
+        // Without TLS, no rules.
+        let c = parse(&[]).into_config().unwrap();
+        assert!(c.endpoint.tls.is_none() && c.core.access.is_none());
+        let err = |r: Result<DriverConfig>| format!("{:#}", r.unwrap_err());
+        assert!(err(with_file("[tls]\nciphers = 3\n", &[])).contains("unknown field `ciphers`"));
+        assert!(err(with_file(
+            "[tls]\ncert = \"a\"\nkey = \"b\"\nca = \"c\"\n[[tls.register]]\nidentity = \"\"\npools = [\"P\"]\n",
+            &[]
+        ))
+        .contains("tls.register"));
+        assert!(err(parse(&[
+            "--tls-ca",
+            "c",
+            "--tls-cert",
+            "a",
+            "--tls-key",
+            "b",
+            "--tls-register",
+            "nopools"
+        ])
+        .into_config())
+        .contains("--tls-register"));
     }
 }

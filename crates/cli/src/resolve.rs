@@ -64,6 +64,8 @@ pub struct ResolveArgs {
     /// Registration Life unit of the registrar: ms (RSPLIB) or s (RFC text).
     #[arg(long, default_value = "ms", value_parser = ["ms", "s"])]
     life_unit: String,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
 }
 
 /// Runs `rserpool resolve`.
@@ -103,12 +105,20 @@ pub fn run(args: ResolveArgs) -> Result<()> {
             codec.max_pool_handle_size
         );
     }
+    let tls = args.tls.settings()?;
+    if tls.is_some() && transport == TransportChoice::Sctp {
+        bail!(
+            "--transport sctp: {}",
+            rserpool_transport::TlsError::OverSctp
+        );
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
         let mut access = RegistrarAccess::single(args.registrar[0], transport);
         access.registrars = args.registrar.iter().map(|a| vec![*a]).collect();
+        access.endpoint.tls = tls;
         let client = PoolUserClient::start(
             ResolverConfig {
                 items,
@@ -133,7 +143,11 @@ pub fn run(args: ResolveArgs) -> Result<()> {
                 for a in &args.registrar {
                     why.push(why_unreachable(*a, transport).await);
                 }
-                bail!("no registrar could be reached: {}", why.join("; "))
+                bail!(
+                    "no registrar could be reached{}: {}",
+                    if args.tls.given() { " with TLS" } else { "" },
+                    why.join("; ")
+                )
             }
             Err(e) => bail!("pool {pool}: {e}"),
         };

@@ -266,7 +266,11 @@ fn lsnat_names_the_address_in_use_and_check_binds_first() {
         !out.contains("serving"),
         "no banner before the failure: {out}"
     );
-    assert_eq!(err.matches("already in use").count(), 1, "the cause once: {err}");
+    assert_eq!(
+        err.matches("already in use").count(),
+        1,
+        "the cause once: {err}"
+    );
     let (ok, out, err) = rserpool(&[
         "lsnat",
         "--listen",

@@ -102,7 +102,12 @@ fn start_with(id: u32, peer: Option<SocketAddr>, extra: &[&str]) -> Registrar {
             metrics = Some(between(&line, "http://", "/metrics").parse().unwrap());
         }
         if line.contains("serving ENRP") {
-            enrp = Some(between(&line, "serving ENRP on ", "\n").trim().parse().unwrap());
+            enrp = Some(
+                between(&line, "serving ENRP on ", "\n")
+                    .trim()
+                    .parse()
+                    .unwrap(),
+            );
         }
     }
     // Keep reading so the pipe never fills.

@@ -664,6 +664,15 @@ impl Registrar {
         let _ = self.handlespace.set_timer(entry, kind, deadline);
     }
 
+    /// Whether the peer of `association` may peer over ENRP, by the identity it proved
+    /// ([`AccessRules::may_peer`](crate::access::AccessRules::may_peer); always `Ok` without
+    /// identity rules). A refusal is counted and reported
+    /// ([`RegistrarEvent::AccessRefused`]); the caller then closes the association before taking
+    /// any ENRP message from it (RFC 5355 §3.4: a malicious ENRP server must not join).
+    pub fn check_enrp_peer(&mut self, association: AssociationId) -> Result<(), AccessRefusal> {
+        self.access(association, None, |r, i| r.may_peer(i))
+    }
+
     /// Checks a request against the identity rules; a refusal is counted and reported, and
     /// the caller answers it (cause 0xa, "rejected due to security considerations").
     fn access(

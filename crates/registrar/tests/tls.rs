@@ -240,6 +240,43 @@ fn core_applies_the_identity_rules() {
 }
 
 #[test]
+fn core_checks_enrp_peers_by_identity() {
+    let mut c = Core::new(false);
+    let peer = c.up("10.0.1.1", Some(identity("r1", "registrar-1.test")));
+    let pe = c.up(
+        "10.0.1.2",
+        Some(identity("registrar-2.test", "e1.echo.test")),
+    );
+    let anonymous = c.up("10.0.1.3", None);
+    assert_eq!(c.r.check_enrp_peer(peer), Ok(()));
+    assert_eq!(
+        c.r.check_enrp_peer(pe),
+        Err(AccessRefusal::PeerNotAllowed),
+        "a common name is not a DNS name"
+    );
+    assert_eq!(
+        c.r.check_enrp_peer(anonymous),
+        Err(AccessRefusal::PeerWithoutIdentity)
+    );
+    assert_eq!(
+        c.refusals(),
+        vec![
+            (
+                Some("registrar-2.test".into()),
+                AccessRefusal::PeerNotAllowed,
+                None
+            ),
+            (None, AccessRefusal::PeerWithoutIdentity, None),
+        ]
+    );
+    assert_eq!(
+        c.r.metrics()
+            .access_refused_by(AccessRefusal::PeerNotAllowed),
+        1
+    );
+}
+
+#[test]
 fn core_without_rules_checks_nothing() {
     let mut c = RegistrarConfig::new(Profile::Rsplib);
     c.announce = None;

@@ -3,8 +3,8 @@
 //!
 //! An endpoint carries [`TlsSettings`] in its [`EndpointConfig`](crate::EndpointConfig); every TCP
 //! association it accepts or starts (mapped or plain ASAP) then runs inside TLS, and the peer's
-//! certificate identity ([`PeerIdentity`]) is reported with [`Event::AssociationUp`]
-//! (crate::Event::AssociationUp). A handshake that fails or times out closes that one
+//! certificate identity ([`PeerIdentity`]) is reported with
+//! [`Event::AssociationUp`](crate::Event::AssociationUp). A handshake that fails or times out closes that one
 //! connection, is counted ([`EndpointStats`](crate::EndpointStats)) and logged with the peer's
 //! address and the reason; other associations are not held up (each handshake runs in the
 //! connection's own task, bounded by [`TlsSettings::handshake_timeout`]).

@@ -236,6 +236,15 @@ async fn run_inbound(
     }
 }
 
+/// An outbound connection ready to carry the association.
+enum Established {
+    Plain(TcpStream),
+    Tls(
+        Box<tokio_rustls::client::TlsStream<TcpStream>>,
+        Option<Arc<PeerIdentity>>,
+    ),
+}
+
 /// The client side of the TLS handshake on an established TCP connection; counts and logs the
 /// outcome. The server's name is the configured one, else the address connected to.
 async fn tls_connect(
@@ -329,18 +338,20 @@ pub(crate) fn connect(
         };
         let attempt = match (attempt, sh.tls.clone()) {
             (Ok(stream), Some(tls)) => tokio::select! {
-                r = tls_connect(&sh, &tls, stream) => r.map(Ok).map_err(DownReason::Tls),
+                r = tls_connect(&sh, &tls, stream) => r
+                    .map(|(s, identity)| Established::Tls(Box::new(s), identity))
+                    .map_err(DownReason::Tls),
                 _ = abort.notified() => Err(DownReason::LocalAbort),
             },
-            (Ok(stream), None) => Ok(Err(stream)),
+            (Ok(stream), None) => Ok(Established::Plain(stream)),
             (Err(e), _) => Err(DownReason::ConnectFailed(e)),
         };
         match attempt {
-            Ok(Err(stream)) => {
+            Ok(Established::Plain(stream)) => {
                 run_conn(sh, id, stream, Framing::Mapped, rx, handle.abort, None).await
             }
-            Ok(Ok((stream, identity))) => {
-                run_conn(sh, id, stream, Framing::Mapped, rx, handle.abort, identity).await
+            Ok(Established::Tls(stream, identity)) => {
+                run_conn(sh, id, *stream, Framing::Mapped, rx, handle.abort, identity).await
             }
             Err(e) => {
                 let reason = match sh.state(id) {

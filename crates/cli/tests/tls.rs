@@ -1,0 +1,369 @@
+//! TLS end to end with the `rserpool` binary: a registrar configured from a TOML file with a
+//! `[tls]` table, PEs and PUs with and without allowed certificates, the refusals counted in
+//! the metrics, and clear errors for bad TLS options.
+
+#[path = "../../transport/tests/common/pki.rs"]
+mod pki;
+
+use pki::{server_names, Names, Pki};
+use rserpool_endpoint::driver::{PoolElementHandle, RegistrarAccess};
+use rserpool_endpoint::pe::PoolElementConfig;
+use rserpool_transport::TransportChoice;
+use rserpool_wire::{PoolHandle, PoolPolicy, TransportAddress, UserTransport};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Generous: loaded CI machines.
+const WAIT: Duration = Duration::from_secs(60);
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rserpool"))
+}
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = bin().args(args).output().expect("the binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A registrar process, killed when dropped.
+struct Registrar {
+    child: Child,
+    asap: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Drop for Registrar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registrar {
+    fn start(config: &Path) -> Registrar {
+        let mut child = bin()
+            .args([
+                "registrar",
+                "--config",
+                config.to_str().unwrap(),
+                "--log",
+                "warn",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the registrar starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "registrar $… serving ASAP over TCP with TLS on 127.0.0.1:PORT (…), metrics at http://ADDR/metrics"
+        assert!(line.contains("over TCP with TLS on "), "{line}");
+        let asap = line
+            .split("with TLS on ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        let metrics = line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap();
+        Registrar {
+            child,
+            asap: asap.parse().unwrap(),
+            metrics: metrics.parse().unwrap(),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        let mut s = std::net::TcpStream::connect(self.metrics).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// Waits until the metric (name with labels) reaches `at_least`.
+    fn wait_metric(&self, metric: &str, at_least: u64) {
+        let until = Instant::now() + WAIT;
+        loop {
+            let m = self.metrics();
+            let value = m.lines().find_map(|l| {
+                l.strip_prefix(metric)?
+                    .strip_prefix(' ')?
+                    .parse::<u64>()
+                    .ok()
+            });
+            if value.is_some_and(|v| v >= at_least) {
+                return;
+            }
+            assert!(Instant::now() < until, "{metric} not at {at_least} in\n{m}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn registrar_pe_and_pu_with_tls_from_the_command_line() {
+    let pki = Pki::new("ca");
+    let (rc, rk) = pki.issue("registrar", server_names());
+    let config = pki.dir.path().join("registrar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"transport = "tcp"
+asap = ["127.0.0.1:0"]
+asap-announce = "off"
+metrics = "127.0.0.1:0"
+min-address-scope = "loopback"
+
+[tls]
+cert = "{}"
+key = "{}"
+ca = "{}"
+handshake-timeout = "10s"
+unauthenticated-resolve = false
+enrp-peers = ["dns:registrar-*.test"]
+
+[[tls.register]]
+identity = "dns:*.echo.test"
+pools = ["EchoPool"]
+"#,
+            path(&rc),
+            path(&rk),
+            path(&pki.ca)
+        ),
+    )
+    .unwrap();
+    let registrar = Registrar::start(&config);
+    let target = registrar.asap.to_string();
+    let ca = path(&pki.ca).to_owned();
+
+    // `rserpool bench` registers its PEs at setup: with a certificate not allowed for the pool
+    // none is accepted, and the registrar counts the refusal.
+    let (cc, ck) = pki.issue(
+        "calc",
+        Names {
+            cn: "calc-1",
+            dns: &["c1.calc.test"],
+            ..Names::default()
+        },
+    );
+    let bench = |cert: &Path, key: &Path| {
+        run(&[
+            "bench",
+            "--registrar",
+            &target,
+            "--transport",
+            "tcp",
+            "--pes",
+            "2",
+            "--pool",
+            "EchoPool",
+            "--associations",
+            "1",
+            "--seconds",
+            "0.2",
+            "--workloads",
+            "resolve",
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            path(cert),
+            "--tls-key",
+            path(key),
+            "--tls-server-name",
+            "registrar.test",
+        ])
+    };
+    let (ok, out, err) = bench(&cc, &ck);
+    assert!(!ok, "{out}");
+    assert!(err.contains("the registrar accepted no PE"), "{err}");
+    assert!(out.contains("0 of 2 PEs registered"), "{out}");
+    registrar.wait_metric(
+        "rserpool_registrar_access_refused_total{reason=\"pool_not_allowed\"}",
+        2,
+    );
+    // An allowed certificate: registered and resolved under load.
+    let (ec, ek) = pki.issue(
+        "echo",
+        Names {
+            cn: "echo-1",
+            dns: &["e1.echo.test"],
+            ..Names::default()
+        },
+    );
+    let (ok, out, err) = bench(&ec, &ek);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("2 of 2 PEs registered"), "{out}");
+
+    // A PE that stays registered (the PE driver of rserpool-endpoint with the same settings the
+    // CLI builds), then `rserpool resolve` with and without a certificate.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut access = RegistrarAccess::single(registrar.asap, TransportChoice::Tcp);
+    access.endpoint.tls = Some(pki.anonymous().with_identity(&ec, &ek));
+    let mut pe = rt
+        .block_on(PoolElementHandle::start(
+            PoolElementConfig::new(
+                PoolHandle::from("EchoPool"),
+                UserTransport::Address(TransportAddress::tcp(7777, "127.0.0.1".parse().unwrap())),
+                PoolPolicy::RoundRobin,
+            ),
+            access,
+        ))
+        .unwrap();
+    assert!(rt.block_on(pe.wait_registered(WAIT)));
+
+    let (pc, pk) = pki.issue(
+        "pu",
+        Names {
+            cn: "pu-1",
+            ..Names::default()
+        },
+    );
+    let resolve = |extra: &[&str]| {
+        let mut args = vec![
+            "resolve",
+            "EchoPool",
+            "--registrar",
+            &target,
+            "--transport",
+            "tcp",
+            "--timeout",
+            "10000",
+            "--tls-ca",
+            &ca,
+            "--tls-handshake-timeout",
+            "10s",
+        ];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let (ok, out, err) = resolve(&["--tls-cert", path(&pc), "--tls-key", path(&pk)]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("pool EchoPool: 1 PE(s) selected"), "{out}");
+    assert!(out.contains("7777"), "{out}");
+    let (ok, out, err) = resolve(&[]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("pool EchoPool: the registrar answered"),
+        "{err}"
+    );
+    registrar.wait_metric(
+        "rserpool_registrar_access_refused_total{reason=\"resolution_without_identity\"}",
+        1,
+    );
+    // A server name the registrar's certificate does not carry: no registrar is reached.
+    let (ok, _, err) = resolve(&[
+        "--tls-cert",
+        path(&pc),
+        "--tls-key",
+        path(&pk),
+        "--tls-server-name",
+        "elsewhere.test",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("could be reached over tcp with TLS"), "{err}");
+    assert!(err.contains("not valid for name"), "{err}");
+    // A client trusting another CA: its handshake fails (and the registrar counts the alert).
+    let rogue = Pki::new("rogue");
+    let (ok, _, err) = run(&[
+        "resolve",
+        "EchoPool",
+        "--registrar",
+        &target,
+        "--transport",
+        "tcp",
+        "--timeout",
+        "3000",
+        "--tls-ca",
+        path(&rogue.ca),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    registrar.wait_metric("rserpool_registrar_tls_handshake_failures_total", 2);
+    drop(pe);
+}
+
+#[test]
+fn bad_tls_options_are_named() {
+    let pki = Pki::new("ca");
+    let (c, k) = pki.issue("registrar", server_names());
+    let err = |args: &[&str]| {
+        let (ok, out, err) = run(args);
+        assert!(!ok, "{out}");
+        err
+    };
+    let e = err(&["registrar", "--tls-cert", path(&c), "--tls-key", path(&k)]);
+    assert!(e.contains("--tls-ca: required"), "{e}");
+    let e = err(&[
+        "registrar",
+        "--transport",
+        "sctp",
+        "--tls-cert",
+        path(&c),
+        "--tls-key",
+        path(&k),
+        "--tls-ca",
+        path(&pki.ca),
+    ]);
+    assert!(e.contains("TLS over kernel SCTP is not supported"), "{e}");
+    assert!(e.contains("TCP mapping with TLS"), "{e}");
+    let e = err(&["registrar", "--tls-ca", path(&pki.ca)]);
+    assert!(e.contains("needs its own certificate and key"), "{e}");
+    let e = err(&[
+        "registrar",
+        "--tls-register",
+        "*=EchoPool",
+        "--asap-announce",
+        "off",
+    ]);
+    assert!(e.contains("TLS is not"), "{e}");
+    let e = err(&[
+        "resolve",
+        "P",
+        "--registrar",
+        "127.0.0.1:1",
+        "--tls-ca",
+        path(&pki.ca),
+        "--tls-handshake-timeout",
+        "5x",
+    ]);
+    assert!(e.contains("--tls-handshake-timeout"), "{e}");
+    let e = err(&[
+        "bench",
+        "--registrar",
+        "127.0.0.1:1",
+        "--tls-ca",
+        path(&pki.ca),
+    ]);
+    assert!(e.contains("TLS over kernel SCTP is not supported"), "{e}");
+    let e = err(&[
+        "resolve",
+        "P",
+        "--registrar",
+        "127.0.0.1:1",
+        "--transport",
+        "tcp",
+        "--tls-ca",
+        "/nonexistent/ca.pem",
+    ]);
+    assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+}
