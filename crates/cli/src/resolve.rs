@@ -14,8 +14,14 @@ use std::time::Duration;
 
 /// Why the registrar at `addr` cannot be reached over `choice`, as the transport reports it
 /// (e.g. "connection refused"), with the transport actually tried.
-async fn why_unreachable(addr: SocketAddr, choice: TransportChoice) -> String {
-    let mut endpoint = match Endpoint::bind(EndpointConfig::new(choice)).await {
+async fn why_unreachable(
+    addr: SocketAddr,
+    choice: TransportChoice,
+    tls: Option<rserpool_transport::TlsSettings>,
+) -> String {
+    let mut config = EndpointConfig::new(choice);
+    config.tls = tls;
+    let mut endpoint = match Endpoint::bind(config).await {
         Ok(e) => e,
         Err(e) => return format!("{addr}: {e}"),
     };
@@ -118,7 +124,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
     rt.block_on(async move {
         let mut access = RegistrarAccess::single(args.registrar[0], transport);
         access.registrars = args.registrar.iter().map(|a| vec![*a]).collect();
-        access.endpoint.tls = tls;
+        access.endpoint.tls = tls.clone();
         let client = PoolUserClient::start(
             ResolverConfig {
                 items,
@@ -141,7 +147,7 @@ pub fn run(args: ResolveArgs) -> Result<()> {
             Err(ResolveError::NoRegistrar) => {
                 let mut why = Vec::new();
                 for a in &args.registrar {
-                    why.push(why_unreachable(*a, transport).await);
+                    why.push(why_unreachable(*a, transport, tls.clone()).await);
                 }
                 bail!(
                     "no registrar could be reached{}: {}",

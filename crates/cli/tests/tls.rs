@@ -280,7 +280,7 @@ pools = ["EchoPool"]
         "elsewhere.test",
     ]);
     assert!(!ok);
-    assert!(err.contains("could be reached over tcp with TLS"), "{err}");
+    assert!(err.contains("could be reached with TLS"), "{err}");
     assert!(err.contains("not valid for name"), "{err}");
     // A client trusting another CA: its handshake fails (and the registrar counts the alert).
     let rogue = Pki::new("rogue");
@@ -366,4 +366,105 @@ fn bad_tls_options_are_named() {
         "/nonexistent/ca.pem",
     ]);
     assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+}
+
+/// A registrar with TLS and ENRP: its process, its ASAP-side metrics address and its ENRP
+/// address, read from the lines it prints when it serves.
+fn enrp_registrar(
+    pki: &Pki,
+    stem: &str,
+    dns: &'static [&'static str],
+    peer: Option<SocketAddr>,
+) -> (Registrar, SocketAddr) {
+    const IPS: &[std::net::IpAddr] = &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)];
+    let (cert, key) = pki.issue(
+        stem,
+        Names {
+            cn: stem,
+            dns,
+            uris: &[],
+            ips: IPS,
+        },
+    );
+    let config = pki.dir.path().join(format!("{stem}.toml"));
+    let peers = peer
+        .map(|p| format!("peers = [\"{p}\"]\n"))
+        .unwrap_or_default();
+    std::fs::write(
+        &config,
+        format!(
+            r#"transport = "tcp"
+asap = ["127.0.0.1:0"]
+asap-announce = "off"
+metrics = "127.0.0.1:0"
+enrp = ["127.0.0.1:0"]
+enrp-announce = "off"
+{peers}peer-heartbeat-cycle = "300ms"
+peer-max-time-last-heard = "2s"
+peer-max-time-no-response = "2s"
+mentor-discovery-timeout = "500ms"
+
+[tls]
+cert = "{}"
+key = "{}"
+ca = "{}"
+enrp-peers = ["dns:registrar-*.test"]
+"#,
+            path(&cert),
+            path(&key),
+            path(&pki.ca)
+        ),
+    )
+    .unwrap();
+    let mut child = bin()
+        .args(["registrar", "--config", path(&config), "--log", "warn"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the registrar starts");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut metrics, mut enrp) = (None, None);
+    while enrp.is_none() {
+        let mut line = String::new();
+        assert_ne!(
+            out.read_line(&mut line).unwrap(),
+            0,
+            "registrar {stem} exited"
+        );
+        if let Some(m) = line.split("http://").nth(1) {
+            metrics = m.split('/').next().map(|m| m.parse().unwrap());
+        }
+        if let Some(e) = line.split("serving ENRP on ").nth(1) {
+            enrp = Some(e.trim().parse::<SocketAddr>().unwrap());
+        }
+    }
+    let r = Registrar {
+        child,
+        asap: "127.0.0.1:0".parse().unwrap(),
+        metrics: metrics.expect("a metrics address"),
+    };
+    (r, enrp.unwrap())
+}
+
+#[test]
+fn only_registrars_with_an_allowed_certificate_join_over_enrp() {
+    let pki = Pki::new("ca");
+    let (a, a_enrp) = enrp_registrar(&pki, "a", &["registrar-a.test"], None);
+    // An allowed peer joins: each side counts the other.
+    let (b, _) = enrp_registrar(&pki, "b", &["registrar-b.test"], Some(a_enrp));
+    a.wait_metric("rserpool_registrar_enrp_peers", 1);
+    b.wait_metric("rserpool_registrar_enrp_peers", 1);
+    // A registrar whose certificate (same CA) names another host is refused, counted, and
+    // never becomes a peer.
+    let (_c, _) = enrp_registrar(&pki, "c", &["intruder.test"], Some(a_enrp));
+    a.wait_metric(
+        "rserpool_registrar_access_refused_total{reason=\"enrp_peer_not_allowed\"}",
+        1,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let peers = a.metrics().lines().find_map(|l| {
+        l.strip_prefix("rserpool_registrar_enrp_peers ")
+            .map(str::to_owned)
+    });
+    assert_eq!(peers.as_deref(), Some("1"), "only b is a peer of a");
 }

@@ -673,6 +673,29 @@ impl Registrar {
         self.access(association, None, |r, i| r.may_peer(i))
     }
 
+    /// As [`Registrar::check_enrp_peer`] for an association of the ENRP endpoint, whose peer
+    /// proved `identity` (`None`: no certificate); `association` only names it in the report.
+    pub fn check_enrp_identity(
+        &mut self,
+        association: AssociationId,
+        identity: Option<Arc<PeerIdentity>>,
+    ) -> Result<(), AccessRefusal> {
+        let Some(rules) = &self.config.access else {
+            return Ok(());
+        };
+        let Err(refusal) = rules.may_peer(identity.as_deref()) else {
+            return Ok(());
+        };
+        self.metrics.access_refused(refusal);
+        self.events.push_back(RegistrarEvent::AccessRefused {
+            association,
+            identity,
+            refusal,
+            pool_handle: None,
+        });
+        Err(refusal)
+    }
+
     /// Checks a request against the identity rules; a refusal is counted and reported, and
     /// the caller answers it (cause 0xa, "rejected due to security considerations").
     fn access(

@@ -11,7 +11,7 @@ use rserpool_transport::{
     Endpoint, EndpointConfig, EndpointHandle, Event, TransportError, TransportKind,
 };
 use rserpool_wire::{Protocol, TransportAddress, TransportProtocol, TransportUse};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -47,6 +47,11 @@ pub(crate) struct EnrpSide {
     opened: HashMap<Vec<SocketAddr>, AssociationId>,
     /// ASAP associations opened for H=1 keep-alives, by PE address.
     asap_opened: HashMap<SocketAddr, AssociationId>,
+    /// Associations whose peer the TLS identity rules refuse as an ENRP peer: nothing from them
+    /// reaches the core, and they are closed at the next flush.
+    refused: HashSet<rserpool_transport::AssociationId>,
+    /// Refused associations not closed yet.
+    to_close: Vec<rserpool_transport::AssociationId>,
     pub local: Vec<SocketAddr>,
 }
 
@@ -125,6 +130,8 @@ impl EnrpSide {
             outbox: Outbox::new(4096),
             opened: HashMap::new(),
             asap_opened: HashMap::new(),
+            refused: HashSet::new(),
+            to_close: Vec::new(),
             local,
         })
     }
@@ -142,6 +149,7 @@ impl EnrpSide {
 
     pub(crate) fn on_input(&mut self, registrar: &mut Registrar, now: Duration, input: Input) {
         match input {
+            Input::Transport(Event::Message { id, .. }) if self.refused.contains(&id) => {}
             Input::Transport(Event::Message { id, ppid, data, .. }) => {
                 if ppid != Protocol::Enrp.ppid() {
                     tracing::debug!(
@@ -160,6 +168,9 @@ impl EnrpSide {
             }
             Input::Transport(Event::AssociationDown { id, reason }) => {
                 tracing::debug!(association = id.0, %reason, "ENRP association down");
+                if self.refused.remove(&id) {
+                    return;
+                }
                 let a = AssociationId(id.0);
                 self.outbox.forget(a);
                 self.opened.retain(|_, v| *v != a);
@@ -169,9 +180,18 @@ impl EnrpSide {
                 id,
                 peer_addrs,
                 inbound,
+                peer_identity,
                 ..
             }) => {
-                tracing::debug!(association = id.0, peer = ?peer_addrs, inbound, "ENRP association up")
+                tracing::debug!(association = id.0, peer = ?peer_addrs, inbound, "ENRP association up");
+                // RFC 5355 §3.5: only registrars whose certificate the rules allow join.
+                if registrar
+                    .check_enrp_identity(AssociationId(id.0), peer_identity)
+                    .is_err()
+                {
+                    self.refused.insert(id);
+                    self.to_close.push(id);
+                }
             }
             Input::Transport(_) => {}
             Input::Multicast(Ok(d)) => {
@@ -244,6 +264,9 @@ impl EnrpSide {
             }
         }
         self.outbox.send(&self.handle).await;
+        for id in std::mem::take(&mut self.to_close) {
+            let _ = self.handle.close(id).await;
+        }
         while let Some(e) = self.core.poll_event() {
             log_event(&e);
         }
