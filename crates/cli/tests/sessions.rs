@@ -195,6 +195,23 @@ fn metric(pe: &Proc, name: &str) -> u64 {
         .unwrap()
 }
 
+/// Every Ping answered once (`answered` of them), and the reply numbers continue across the
+/// failover: either without a gap, or with the last one repeated once (the PE was killed between
+/// its Pong and the cookie after it, so the PU holds the previous cookie).
+fn assert_pingpong_continues(out: &str, answered: u64) {
+    assert!(
+        out.contains(&format!("pingpong: {answered} answered")),
+        "{out}"
+    );
+    assert!(out.contains(" 0 duplicate(s), "), "{out}");
+    let gaps: Vec<&str> = out.lines().filter(|l| l.starts_with("gap: ")).collect();
+    assert!(gaps.len() <= 1, "{out}");
+    for g in gaps {
+        let w: Vec<&str> = g.split_whitespace().collect();
+        assert_eq!(w[2], w[4], "reply numbers jumped: {g}\n{out}");
+    }
+}
+
 fn pu(registrar: &str, args: &[&str], stdin: Option<&str>) -> Proc {
     let mut a = vec!["pu", "--registrar", registrar, "--transport", "tcp"];
     a.extend_from_slice(args);
@@ -274,7 +291,10 @@ fn pingpong_continues_on_another_pe_with_the_cookie_after_kill_9() {
         .last()
         .unwrap()
         .to_string();
-    assert!(last.contains("reply 40 "), "{last}");
+    assert!(
+        last.contains("reply 40 ") || last.contains("reply 39 "),
+        "{last}"
+    );
     assert_eq!(metric(other, "rserpool_pe_cookie_echoes_total"), 1);
     assert_eq!(metric(other, "rserpool_pe_cookie_echoes_refused_total"), 0);
 }
@@ -386,8 +406,7 @@ fn a_frozen_pe_is_left_when_it_stops_answering() {
         "{err}"
     );
     assert!(err.contains("cookie echoed"), "{err}");
-    assert!(out.contains("pingpong: 20 answered"), "{out}");
-    assert!(out.contains(" 0 duplicate(s), 0 gap(s)"), "{out}");
+    assert_pingpong_continues(&out, 20);
 }
 
 #[test]
