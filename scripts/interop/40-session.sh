@@ -16,7 +16,8 @@
 #      killed after a cookie came, the job resumes on the other and completes;
 #   7. RSPLIB's `rspterminal` gets its line echoed by `rserpool pe --service echo`.
 # Our PEs register the guest's site-local address 10.255.0.1: RSPLIB's pool users ignore
-# loopback addresses in handle resolutions.
+# loopback addresses in handle resolutions. The guest runs with `set -o pipefail`: no pipeline
+# here ends in a reader that stops early (head, grep -m1/-q), which would fail its writer.
 RS=${RSERPOOL_BIN:?}
 REG=127.0.0.1:5200
 METRICS=127.0.0.1:5201
@@ -73,7 +74,7 @@ stdbuf -oL -eL pingpongclient -poolhandle=PingPongPool -interval=200 "${LOG[@]}"
     > "$W/pingpongclient.log" 2>&1 &
 PPC=$!; pids+=($PPC)
 wait_for 60 "Acks to pingpongclient" grep -q 'Ack #5 from PE' "$W/pingpongclient.log"
-served=$(nocolor < "$W/pingpongclient.log" | grep -m1 -o 'Ack #1 from PE \$[0-9a-f]*' | awk '{print $NF}')
+served=$(nocolor < "$W/pingpongclient.log" | grep -o 'Ack #1 from PE \$[0-9a-f]*' | awk 'NR==1 {print $NF}')
 if grep -q "PE $served serving" "$W/pp1.log"; then victim=pp1; vport=5211; other=pp2; oport=5212
 elif grep -q "PE $served serving" "$W/pp2.log"; then victim=pp2; vport=5212; other=pp1; oport=5211
 else fail "pingpongclient is served by $served, none of our PEs"; fi
@@ -90,7 +91,7 @@ wait_for 60 "pingpongclient's Acks from the other PE" acked_by_other "$served"
 wait_for 30 "the cookie echo at the other PE" pe_metric_at_least $oport rserpool_pe_cookie_echoes_total 1
 [ "$(pe_metric $oport rserpool_pe_cookie_echoes_refused_total)" = 0 ] || fail "the other PE refused the cookie"
 # The first Ack from the other PE, its time of day.
-t_resumed=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -vF "PE $served " | head -n1 \
+t_resumed=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -vF "PE $served " | awk 'NR==1' \
     | grep -o '[0-9][0-9]:[0-9][0-9]:[0-9.]*' | awk -F: '{printf "%.4f", $1*3600 + $2*60 + $3}')
 sleep 1.5
 kill -TERM $PPC 2>/dev/null || true
@@ -99,7 +100,7 @@ kill -TERM $PPC 2>/dev/null || true
 # follows it leaves the client the previous cookie (RSPLIB's design, rspserver alike). A new PE
 # without the cookie would start again at reply #1.
 last_old=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -F "PE $served " | tail -n1 | grep -o 'reply #[0-9]*' | tr -dc 0-9)
-first_new=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -vF "PE $served " | head -n1 | grep -o 'reply #[0-9]*' | tr -dc 0-9)
+first_new=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -vF "PE $served " | awk 'NR==1' | grep -o 'reply #[0-9]*' | tr -dc 0-9)
 [ -n "$last_old" ] && [ -n "$first_new" ] || fail "no replies before and after the failover"
 if [ "$first_new" = $(( last_old + 1 )) ]; then continuity="reply #$first_new after #$last_old"
 elif [ "$first_new" = "$last_old" ]; then continuity="reply #$first_new repeated (killed between Pong and cookie)"
@@ -135,7 +136,7 @@ for attempt in 1 2 3; do
         declare -A ck0=()
         for p in 5221 5222 5223; do ck0[$p]=$(pe_metric $p rserpool_pe_cookies_sent_total 2>/dev/null || true); done
         sleep 1
-        nocolor < "$W/calcappclient.log" | grep -q "Job #$job completed" && continue
+        [ "$(nocolor < "$W/calcappclient.log" | grep -c "Job #$job completed" || true)" -gt 0 ] && continue
         for p in 5221 5222 5223; do
             ck=$(pe_metric $p rserpool_pe_cookies_sent_total 2>/dev/null || true)
             [ -n "$ck" ] && [ -n "${ck0[$p]}" ] && [ "$ck" -ge $(( ${ck0[$p]} + 2 )) ] && { serving=$p; break; }
@@ -220,7 +221,7 @@ echo "$MSG" | rspterminal -poolhandle=EchoPool "${LOG[@]}" > "$W/rspterminal.log
 TERM_PID=$!; pids+=($TERM_PID)
 wait_for 60 "our echo PE to answer" pe_metric_at_least 5231 rserpool_pe_messages_sent_total 1
 sleep 1; kill -TERM $TERM_PID 2>/dev/null; wait $TERM_PID 2>/dev/null || true
-line=$(nocolor < "$W/rspterminal.log" | grep -F "$MSG" | head -n1)
+line=$(nocolor < "$W/rspterminal.log" | grep -F "$MSG" | awk 'NR==1')
 [ -n "$line" ] || fail "rspterminal did not print the echo"
 say "step 7 ok: rspterminal got its line back from our echo PE: $line"
 say "FIGURES: failover kill->next reply over SCTP: RSPLIB pingpongclient with our PEs $ppc_failover s; our PU with RSPLIB's PEs $pu_failover s"

@@ -287,8 +287,7 @@ fn pingpong_continues_on_another_pe_with_the_cookie_after_kill_9() {
     assert!(err.contains("unreachable reported 1"), "{err}");
     let last = out
         .lines()
-        .filter(|l| l.starts_with("Pong #"))
-        .last()
+        .rfind(|l| l.starts_with("Pong #"))
         .unwrap()
         .to_string();
     assert!(
@@ -346,7 +345,7 @@ fn a_business_card_names_the_next_pe() {
 #[test]
 fn when_every_pe_is_gone_the_pu_fails_clearly_after_its_retries() {
     let (_r, reg) = registrar();
-    let pes = vec![pe(&reg, "pingpong", &[])];
+    let pes = [pe(&reg, "pingpong", &[])];
     let mut u = pu(
         &reg,
         &[
