@@ -74,7 +74,7 @@ stdbuf -oL -eL pingpongclient -poolhandle=PingPongPool -interval=200 "${LOG[@]}"
     > "$W/pingpongclient.log" 2>&1 &
 PPC=$!; pids+=($PPC)
 wait_for 60 "Acks to pingpongclient" grep -q 'Ack #5 from PE' "$W/pingpongclient.log"
-served=$(nocolor < "$W/pingpongclient.log" | grep -o 'Ack #1 from PE \$[0-9a-f]*' | awk 'NR==1 {print $NF}')
+served=$(nocolor < "$W/pingpongclient.log" | grep -o 'Ack #1 from PE \$[0-9a-f]*' | awk 'NR==1 {print $NF}' || true)
 if grep -q "PE $served serving" "$W/pp1.log"; then victim=pp1; vport=5211; other=pp2; oport=5212
 elif grep -q "PE $served serving" "$W/pp2.log"; then victim=pp2; vport=5212; other=pp1; oport=5211
 else fail "pingpongclient is served by $served, none of our PEs"; fi
@@ -92,15 +92,15 @@ wait_for 30 "the cookie echo at the other PE" pe_metric_at_least $oport rserpool
 [ "$(pe_metric $oport rserpool_pe_cookie_echoes_refused_total)" = 0 ] || fail "the other PE refused the cookie"
 # The first Ack from the other PE, its time of day.
 t_resumed=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -vF "PE $served " | awk 'NR==1' \
-    | grep -o '[0-9][0-9]:[0-9][0-9]:[0-9.]*' | awk -F: '{printf "%.4f", $1*3600 + $2*60 + $3}')
+    | grep -o '[0-9][0-9]:[0-9][0-9]:[0-9.]*' | awk -F: '{printf "%.4f", $1*3600 + $2*60 + $3}' || true)
 sleep 1.5
 kill -TERM $PPC 2>/dev/null || true
 # The reply numbers go on from the cookie: the first reply of the new PE follows the last one
 # of the old PE. It may repeat it once: a PE killed between its Pong and the ASAP_COOKIE that
 # follows it leaves the client the previous cookie (RSPLIB's design, rspserver alike). A new PE
 # without the cookie would start again at reply #1.
-last_old=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -F "PE $served " | tail -n1 | grep -o 'reply #[0-9]*' | tr -dc 0-9)
-first_new=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -vF "PE $served " | awk 'NR==1' | grep -o 'reply #[0-9]*' | tr -dc 0-9)
+last_old=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -F "PE $served " | tail -n1 | grep -o 'reply #[0-9]*' | tr -dc 0-9 || true)
+first_new=$(nocolor < "$W/pingpongclient.log" | grep 'Ack #' | grep -vF "PE $served " | awk 'NR==1' | grep -o 'reply #[0-9]*' | tr -dc 0-9 || true)
 [ -n "$last_old" ] && [ -n "$first_new" ] || fail "no replies before and after the failover"
 if [ "$first_new" = $(( last_old + 1 )) ]; then continuity="reply #$first_new after #$last_old"
 elif [ "$first_new" = "$last_old" ]; then continuity="reply #$first_new repeated (killed between Pong and cookie)"
@@ -113,7 +113,7 @@ say "step 3 ok: pingpongclient failed over to our other PE with our cookie ($con
 # ---------------------------------------------------------------- 4: calcappclient -> our PEs
 cat > "$W/calcapp-pe.toml" <<'EOF'
 [service-config.calcapp]
-cookie_max_time = "300ms"
+cookie-max-time = "300ms"
 EOF
 start_pe ca1 calcapp 5221 --config "$W/calcapp-pe.toml"
 start_pe ca2 calcapp 5222 --config "$W/calcapp-pe.toml"
@@ -131,7 +131,7 @@ for attempt in 1 2 3; do
     end=$(( $(date +%s) + 120 ))
     while [ -z "$serving" ]; do
         [ "$(date +%s)" -ge "$end" ] && fail "no calcapp PE computed a job long enough"
-        job=$(nocolor < "$W/calcappclient.log" | grep -o 'Job #[0-9]* accepted' | tail -n1 | tr -dc 0-9)
+        job=$(nocolor < "$W/calcappclient.log" | grep -o 'Job #[0-9]* accepted' | tail -n1 | tr -dc 0-9 || true)
         [ -n "$job" ] || { sleep 0.2; continue; }
         declare -A ck0=()
         for p in 5221 5222 5223; do ck0[$p]=$(pe_metric $p rserpool_pe_cookies_sent_total 2>/dev/null || true); done
@@ -155,7 +155,7 @@ for attempt in 1 2 3; do
 done
 [ -n "$resumed" ] || fail "calcappclient never resumed a job from its cookie"
 wait_for 120 "the resumed job to complete" completed_more_than "$completed_before"
-job=$(nocolor < "$W/calcappclient.log" | grep 'completed:' | sed -n "$(( completed_before + 1 ))p" | awk '{print $2}')
+job=$(nocolor < "$W/calcappclient.log" | grep 'completed:' | sed -n "$(( completed_before + 1 ))p" | awk '{print $2}' || true)
 kill -TERM $CAC 2>/dev/null || true
 say "step 4 ok: calcappclient's job resumed on another of our PEs from its cookie after kill -9 of PE :$resumed, job $job completed ($completed_before completed before)"
 
@@ -169,7 +169,7 @@ wait_for 60 "the rspserver pingpong PEs to register" registered RspPingPong 2
     --count 40 --interval 200ms --timestamps true > "$W/pu-pp.out" 2> "$W/pu-pp.err" &
 PU=$!; pids+=($PU)
 wait_for 60 "Pongs from rspserver" grep -q ' Pong #5:' "$W/pu-pp.out"
-served=$(grep -m1 -o 'bound to PE \$[0-9a-f]*' "$W/pu-pp.err" | awk '{print $NF}')
+served=$(grep -m1 -o 'bound to PE \$[0-9a-f]*' "$W/pu-pp.err" | awk '{print $NF}' || true)
 if grep -q "${served#\$}" "$W/rsp-pp1.log"; then victim=$rpp1_pid; else victim=$rpp2_pid; fi
 t_kill=$(now)
 kill9 "$victim"
@@ -195,17 +195,17 @@ for i in 1 2; do
 done
 wait_for 60 "the rspserver calcapp PEs to register" registered RspCalcApp 2
 cat > "$W/calcapp-pu.toml" <<'EOF'
-[service-config.calcapp_client]
-job_size = 9000000.0
-fixed_job_size = true
-job_interval = "10ms"
+[service-config.calcapp-client]
+job-size = 9000000.0
+fixed-job-size = true
+job-interval = "10ms"
 EOF
 "$RS" pu --service calcapp --pool-handle RspCalcApp --transport sctp --registrar $REG \
     --count 1 --config "$W/calcapp-pu.toml" > "$W/pu-ca.out" 2> "$W/pu-ca.err" &
 PU=$!; pids+=($PU)
 # rspserver sends a job's first cookie after 5 s (-capcookiemaxtime).
 wait_for 60 "a cookie from rspserver -calcapp" grep -q 'cookie received' "$W/pu-ca.err"
-served=$(grep -m1 -o 'bound to PE \$[0-9a-f]*' "$W/pu-ca.err" | awk '{print $NF}')
+served=$(grep -m1 -o 'bound to PE \$[0-9a-f]*' "$W/pu-ca.err" | awk '{print $NF}' || true)
 if grep -q "${served#\$}" "$W/rsp-ca1.log"; then victim=$rca1_pid; else victim=$rca2_pid; fi
 kill9 "$victim"
 wait $PU || fail "our calcapp PU failed: $(tail -n 3 "$W/pu-ca.err")"
@@ -221,7 +221,7 @@ echo "$MSG" | rspterminal -poolhandle=EchoPool "${LOG[@]}" > "$W/rspterminal.log
 TERM_PID=$!; pids+=($TERM_PID)
 wait_for 60 "our echo PE to answer" pe_metric_at_least 5231 rserpool_pe_messages_sent_total 1
 sleep 1; kill -TERM $TERM_PID 2>/dev/null; wait $TERM_PID 2>/dev/null || true
-line=$(nocolor < "$W/rspterminal.log" | grep -F "$MSG" | awk 'NR==1')
+line=$(nocolor < "$W/rspterminal.log" | grep -F "$MSG" | awk 'NR==1' || true)
 [ -n "$line" ] || fail "rspterminal did not print the echo"
 say "step 7 ok: rspterminal got its line back from our echo PE: $line"
 say "FIGURES: failover kill->next reply over SCTP: RSPLIB pingpongclient with our PEs $ppc_failover s; our PU with RSPLIB's PEs $pu_failover s"

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PuArgs {
     /// TOML file with any of these options as keys and the clients' settings in a
-    /// `[service-config]` table (`[service-config.pingpong_client]`, ...); flags win.
+    /// `[service-config]` table (`[service-config.pingpong-client]`, ...); flags win.
     #[arg(long, short = 'c', value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,

@@ -375,7 +375,7 @@ fn a_frozen_pe_is_left_when_it_stops_answering() {
     let conf = dir.path().join("pu.toml");
     std::fs::write(
         &conf,
-        "[service-config.pingpong_client]\nreply_timeout = \"1s\"\n",
+        "[service-config.pingpong-client]\nreply-timeout = \"1s\"\n",
     )
     .unwrap();
     let pes = vec![pe(&reg, "pingpong", &[]), pe(&reg, "pingpong", &[])];
@@ -415,13 +415,13 @@ fn a_calcapp_job_resumes_from_its_cookie_on_another_pe() {
     let pe_conf = dir.path().join("pe.toml");
     std::fs::write(
         &pe_conf,
-        "[service-config.calcapp]\ncookie_max_time = \"100ms\"\n",
+        "[service-config.calcapp]\ncookie-max-time = \"100ms\"\n",
     )
     .unwrap();
     let pu_conf = dir.path().join("pu.toml");
     std::fs::write(
         &pu_conf,
-        "[service-config.calcapp_client]\njob_size = 3000000.0\nfixed_job_size = true\njob_interval = \"10ms\"\n",
+        "[service-config.calcapp-client]\njob-size = 3000000.0\nfixed-job-size = true\njob-interval = \"10ms\"\n",
     )
     .unwrap();
     let c = ["--config", pe_conf.to_str().unwrap()];

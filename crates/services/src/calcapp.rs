@@ -240,7 +240,7 @@ impl CalcAppCookie {
 
 /// Settings of the CalcApp pool element (RSPLIB's `-cap*` options).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CalcAppServerConfig {
     /// Calculations per second shared among running jobs (`-capcapacity`, 1 000 000).
     pub capacity: f64,
@@ -402,11 +402,11 @@ impl CalcAppServer {
         let max_time = self.config.cookie_max_time;
         for job in &mut self.jobs {
             let to_go = (job.job_size - job.completed).max(0.0);
-            job.complete_at = Some(job.last_update_at + secs(to_go / per_job));
+            job.complete_at = Some(job.last_update_at.saturating_add(secs(to_go / per_job)));
             let by_calc =
                 secs((max_calc - (job.completed - job.last_cookie_completed)).max(0.0) / per_job);
             let by_time = max_time.saturating_sub(now.saturating_sub(job.last_cookie_at));
-            job.cookie_at = Some(now + by_calc.min(by_time));
+            job.cookie_at = Some(now.saturating_add(by_calc.min(by_time)));
         }
         let load = self.load();
         if load != self.last_load {
@@ -448,7 +448,7 @@ impl CalcAppServer {
             job_size: job_size as f64,
             completed: completed as f64,
             last_update_at: t,
-            keep_alive_at: Some(t + self.config.keep_alive_interval),
+            keep_alive_at: Some(t.saturating_add(self.config.keep_alive_interval)),
             keep_alive_timeout_at: None,
             complete_at: None,
             cookie_at: None,
@@ -613,7 +613,7 @@ impl ServerService for CalcAppServer {
                     let interval = self.config.keep_alive_interval;
                     let job = &mut self.jobs[i];
                     job.keep_alive_timeout_at = None;
-                    job.keep_alive_at = Some(now.monotonic + interval);
+                    job.keep_alive_at = Some(now.monotonic.saturating_add(interval));
                 }
             },
             other => {
@@ -745,7 +745,7 @@ impl ServerService for CalcAppServer {
                     let timeout = self.config.keep_alive_timeout;
                     let job = &mut self.jobs[i];
                     job.keep_alive_at = None;
-                    job.keep_alive_timeout_at = Some(t + timeout);
+                    job.keep_alive_timeout_at = Some(t.saturating_add(timeout));
                     let (session, job_id) = (job.session, job.job_id);
                     self.send(session, CalcAppMessage::new(CalcAppType::KeepAlive, job_id));
                 }
@@ -777,7 +777,7 @@ impl ServerService for CalcAppServer {
 
 /// Settings of the CalcApp pool user (RSPLIB `calcappclient` options).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CalcAppClientConfig {
     /// Mean time between new jobs, exponentially distributed (`-jobinterval`, 15 s); `None`:
     /// jobs only from [`CalcAppClient::submit`].
@@ -801,6 +801,9 @@ pub struct CalcAppClientConfig {
     pub reject_retry_delay: Duration,
     /// Seed of the job generator (same seed, same jobs).
     pub seed: u64,
+    /// Jobs waiting in the queue at most; a job generated or submitted beyond is dropped and
+    /// reported (RSPLIB's queue grows without bound when the pool is slower than the arrivals).
+    pub max_queued_jobs: usize,
 }
 
 impl Default for CalcAppClientConfig {
@@ -814,6 +817,7 @@ impl Default for CalcAppClientConfig {
             keep_alive_timeout: Duration::from_secs(5),
             reject_retry_delay: Duration::from_secs(1),
             seed: 1,
+            max_queued_jobs: 1000,
         }
     }
 }
@@ -857,6 +861,8 @@ pub struct CalcAppClientCounters {
     pub failovers: u64,
     /// Keep-alives sent.
     pub keep_alives: u64,
+    /// Jobs dropped because the queue was full.
+    pub dropped: u64,
 }
 
 /// The CalcApp pool user (RSPLIB `calcappclient`): jobs from a queue, one at a time on the
@@ -903,8 +909,15 @@ impl CalcAppClient {
         self.counters
     }
 
-    /// Queues a job of `job_size` calculations; returns its job identifier.
-    pub fn submit(&mut self, now: Now, job_size: u64) -> u32 {
+    /// Queues a job of `job_size` calculations; returns its job identifier, or `None` when the
+    /// queue is full (`max_queued_jobs`).
+    pub fn submit(&mut self, now: Now, job_size: u64) -> Option<u32> {
+        if self.queue.len() >= self.config.max_queued_jobs {
+            self.counters.dropped += 1;
+            self.out
+                .push_back(ClientOutput::Report(ClientReport::JobDropped { job_size }));
+            return None;
+        }
         let job_id = self.next_job_id;
         self.next_job_id = self.next_job_id.wrapping_add(1).max(1);
         self.queue.push_back((job_id, job_size.max(1)));
@@ -917,7 +930,7 @@ impl CalcAppClient {
         if self.started {
             self.next_job(now);
         }
-        job_id
+        Some(job_id)
     }
 
     /// A uniform number in (0, 1] (splitmix64).
@@ -964,7 +977,7 @@ impl CalcAppClient {
         };
         job.state = JobState::Requested;
         let (job_id, job_size) = (job.job_id, job.job_size);
-        self.timeout_at = Some(now.monotonic + self.config.keep_alive_timeout);
+        self.timeout_at = Some(now.monotonic.saturating_add(self.config.keep_alive_timeout));
         self.keep_alive_at = None;
         self.counters.requests += 1;
         self.send(CalcAppType::Request, job_id, job_size);
@@ -1024,7 +1037,7 @@ impl ClientService for CalcAppClient {
         self.started = true;
         if let Some(interval) = self.config.job_interval {
             let first = secs(self.exponential(interval.as_secs_f64()));
-            self.next_job_at = Some(now.monotonic + first);
+            self.next_job_at = Some(now.monotonic.saturating_add(first));
         }
         self.next_job(now);
     }
@@ -1065,7 +1078,7 @@ impl ClientService for CalcAppClient {
                 let job = self.current.as_mut().expect("checked");
                 job.state = JobState::Processing;
                 self.timeout_at = None;
-                self.keep_alive_at = Some(t + self.config.keep_alive_interval);
+                self.keep_alive_at = Some(t.saturating_add(self.config.keep_alive_interval));
                 self.out
                     .push_back(ClientOutput::Report(ClientReport::JobAccepted {
                         job_id: message.job_id,
@@ -1086,7 +1099,7 @@ impl ClientService for CalcAppClient {
                 let job = self.current.as_mut().expect("checked");
                 if job.state == JobState::Processing {
                     self.timeout_at = None;
-                    self.keep_alive_at = Some(t + self.config.keep_alive_interval);
+                    self.keep_alive_at = Some(t.saturating_add(self.config.keep_alive_interval));
                 }
             }
             CalcAppType::Complete => {
@@ -1133,9 +1146,10 @@ impl ClientService for CalcAppClient {
         if cookie_echoed {
             // The new PE answers the cookie echo with Accept (or Reject).
             job.state = JobState::Requested;
-            self.timeout_at = Some(now.monotonic + self.config.keep_alive_timeout);
+            self.timeout_at = Some(now.monotonic.saturating_add(self.config.keep_alive_timeout));
         } else if job.rejected {
-            job.state = JobState::Retry(now.monotonic + self.config.reject_retry_delay);
+            job.state =
+                JobState::Retry(now.monotonic.saturating_add(self.config.reject_retry_delay));
         } else {
             self.send_request(now);
         }
@@ -1160,7 +1174,7 @@ impl ClientService for CalcAppClient {
                 .job_interval
                 .map(|i| i.as_secs_f64())
                 .unwrap_or(0.0);
-            self.next_job_at = Some(t + secs(self.exponential(interval)));
+            self.next_job_at = Some(t.saturating_add(secs(self.exponential(interval))));
             self.generate(now);
         }
         if self.timeout_at.is_some_and(|at| at <= t) {
@@ -1169,7 +1183,7 @@ impl ClientService for CalcAppClient {
         }
         if self.keep_alive_at.is_some_and(|at| at <= t) {
             self.keep_alive_at = None;
-            self.timeout_at = Some(t + self.config.keep_alive_timeout);
+            self.timeout_at = Some(t.saturating_add(self.config.keep_alive_timeout));
             if let Some(job_id) = self.current.as_ref().map(|j| j.job_id) {
                 self.counters.keep_alives += 1;
                 self.send(CalcAppType::KeepAlive, job_id, 0);

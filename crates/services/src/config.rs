@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// How PingPong and CalcApp seal their cookies (TOML table `[cookie]`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CookieConfig {
     /// File with the pool-wide key (hex text or raw bytes, at least 16 bytes). Unset: plain
     /// RSPLIB cookies, unsigned.
@@ -77,12 +77,20 @@ pub enum ConfigError {
     /// A cookie key file is unusable.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// A setting is outside what it allows.
+    #[error("invalid setting {key}: {reason}")]
+    Invalid {
+        /// The TOML key, e.g. `calcapp.max-jobs`.
+        key: &'static str,
+        /// What it must be.
+        reason: &'static str,
+    },
 }
 
 /// Settings of every service, pool-element and pool-user side (TOML: `[cookie]`, `[pingpong]`,
-/// `[pingpong_client]`, `[calcapp]`, `[calcapp_client]`, `[daytime]`, `[chargen]`).
+/// `[pingpong-client]`, `[calcapp]`, `[calcapp-client]`, `[daytime]`, `[chargen]`).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServiceConfig {
     /// Cookie sealing for PingPong and CalcApp.
     pub cookie: CookieConfig,
@@ -101,8 +109,73 @@ pub struct ServiceConfig {
 }
 
 impl ServiceConfig {
-    /// The pool-element side of `kind`, with the cookie seal from [`CookieConfig`].
+    /// Checks every setting; the error names the first bad one by its TOML key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let checks: [(bool, &'static str, &'static str); 12] = [
+            (
+                self.calcapp.capacity.is_finite() && self.calcapp.capacity > 0.0,
+                "calcapp.capacity",
+                "a positive number of calculations per second",
+            ),
+            (self.calcapp.max_jobs >= 1, "calcapp.max-jobs", "at least 1"),
+            (
+                self.calcapp.keep_alive_interval >= Duration::from_millis(100),
+                "calcapp.keep-alive-interval",
+                "at least 100ms",
+            ),
+            (
+                !self.calcapp.keep_alive_timeout.is_zero(),
+                "calcapp.keep-alive-timeout",
+                "more than 0",
+            ),
+            (
+                self.calcapp.cookie_max_calculations.is_finite()
+                    && self.calcapp.cookie_max_calculations > 0.0,
+                "calcapp.cookie-max-calculations",
+                "a positive number",
+            ),
+            (
+                (1..=usize::from(u16::MAX)).contains(&self.chargen.message_size),
+                "chargen.message-size",
+                "1 to 65535 bytes",
+            ),
+            (self.chargen.burst >= 1, "chargen.burst", "at least 1"),
+            (
+                !self.pingpong_client.interval.is_zero(),
+                "pingpong-client.interval",
+                "more than 0",
+            ),
+            (
+                self.pingpong_client.max_outstanding >= 1,
+                "pingpong-client.max-outstanding",
+                "at least 1",
+            ),
+            (
+                self.calcapp_client.job_size.is_finite() && self.calcapp_client.job_size >= 1.0,
+                "calcapp-client.job-size",
+                "at least 1 calculation",
+            ),
+            (
+                !self.cookie.lifetime.is_zero(),
+                "cookie.lifetime",
+                "more than 0",
+            ),
+            (
+                self.cookie.max_size >= crate::cookie::SIGNED_OVERHEAD + 20,
+                "cookie.max-size",
+                "at least 88 bytes (a signed CalcApp cookie)",
+            ),
+        ];
+        match checks.into_iter().find(|c| !c.0) {
+            Some((_, key, reason)) => Err(ConfigError::Invalid { key, reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// The pool-element side of `kind`, with the cookie seal from [`CookieConfig`]; checks the
+    /// settings first ([`validate`](Self::validate)).
     pub fn server(&self, kind: ServiceKind) -> Result<Box<dyn ServerService>, ConfigError> {
+        self.validate()?;
         Ok(self.server_with_seal(kind, self.cookie.seal()?))
     }
 

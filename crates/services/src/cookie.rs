@@ -116,7 +116,8 @@ pub enum SealError {
 
 /// Seals a service's cookie for ASAP_COOKIE and opens what comes back in ASAP_COOKIE_ECHO.
 pub trait CookieSeal: Send + Sync + fmt::Debug {
-    /// The bytes to send in ASAP_COOKIE for the service's cookie `payload`.
+    /// The bytes to send in ASAP_COOKIE for the service's cookie `payload` (at most 65 535
+    /// bytes; the services' cookies are 16 and 20).
     fn seal(&self, context: &SealContext<'_>, payload: &[u8]) -> Vec<u8>;
     /// The service's cookie from the bytes of an ASAP_COOKIE_ECHO, or why it is refused.
     fn open(&self, context: &SealContext<'_>, sealed: &[u8]) -> Result<Vec<u8>, SealError>;

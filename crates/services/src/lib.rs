@@ -352,6 +352,11 @@ pub enum ClientReport {
         /// Job size in calculations.
         job_size: u64,
     },
+    /// A CalcApp job was not queued: the queue is full (`max_queued_jobs`).
+    JobDropped {
+        /// Job size in calculations.
+        job_size: u64,
+    },
     /// A CalcApp Request was sent.
     JobRequested {
         /// Job identifier.

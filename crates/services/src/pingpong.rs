@@ -199,7 +199,7 @@ impl PingPongCookie {
 
 /// Settings of the PingPong pool element.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PingPongServerConfig {
     /// Abort a session after this many replies, to exercise failover (RSPLIB
     /// `-pppfailureafter`; 0 = never).
@@ -431,7 +431,7 @@ impl ServerService for PingPongServer {
 
 /// Settings of the PingPong pool user.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PingPongClientConfig {
     /// Time between Pings (pingpongclient `-interval`, default 500 ms).
     #[serde(with = "humantime_serde")]
@@ -683,7 +683,7 @@ impl ClientService for PingPongClient {
             self.counters.resent += 1;
         }
         if !self.finished && self.next_ping_at.is_none() {
-            self.next_ping_at = Some(now.monotonic + self.config.interval);
+            self.next_ping_at = Some(now.monotonic.saturating_add(self.config.interval));
         }
     }
 
@@ -695,7 +695,7 @@ impl ClientService for PingPongClient {
             .then(|| {
                 self.outstanding
                     .values()
-                    .map(|o| o.sent_at + self.config.reply_timeout)
+                    .map(|o| o.sent_at.saturating_add(self.config.reply_timeout))
                     .min()
             })
             .flatten();
@@ -713,7 +713,7 @@ impl ClientService for PingPongClient {
             && self
                 .outstanding
                 .values()
-                .any(|o| now.monotonic >= o.sent_at + self.config.reply_timeout)
+                .any(|o| now.monotonic >= o.sent_at.saturating_add(self.config.reply_timeout))
         {
             self.failing_over = true;
             self.out
@@ -724,7 +724,7 @@ impl ClientService for PingPongClient {
                 if self.may_send_more() {
                     self.send_ping(now);
                 }
-                self.next_ping_at = Some(now.monotonic + self.config.interval);
+                self.next_ping_at = Some(now.monotonic.saturating_add(self.config.interval));
             }
         }
     }

@@ -139,7 +139,7 @@ impl ServerService for DiscardServer {
 
 /// Settings of the Daytime pool element.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DaytimeConfig {
     /// Offset of the time zone to print in, seconds east of UTC (RSPLIB prints local time; the
     /// driver passes the local offset, 0 prints UTC).
@@ -213,7 +213,7 @@ impl ServerService for DaytimeServer {
 
 /// Settings of the CharGen pool element.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CharGenConfig {
     /// Bytes per message (RSPLIB: 1024).
     pub message_size: usize,

@@ -29,15 +29,15 @@ impl Now {
     pub fn from_monotonic(monotonic: Duration) -> Self {
         Self {
             monotonic,
-            unix: Self::VIRTUAL_EPOCH + monotonic,
+            unix: Self::VIRTUAL_EPOCH.saturating_add(monotonic),
         }
     }
 
     /// Both clocks moved on by `d`.
     pub fn advance(self, d: Duration) -> Self {
         Self {
-            monotonic: self.monotonic + d,
-            unix: self.unix + d,
+            monotonic: self.monotonic.saturating_add(d),
+            unix: self.unix.saturating_add(d),
         }
     }
 }
