@@ -12,6 +12,7 @@
 #   5. two RSPLIB `rspserver -pingpong`: `rserpool pu --service pingpong` fails over from the
 #      killed one to the other with the cookie, every Ping answered once, no gap; the time from
 #      the kill to the next Pong is measured;
+#      then RSPLIB's pingpongclient with RSPLIB's PEs, the same kill -9, for comparison;
 #   6. two RSPLIB `rspserver -calcapp`: `rserpool pu --service calcapp` runs a job, the PE is
 #      killed after a cookie came, the job resumes on the other and completes;
 #   7. RSPLIB's `rspterminal` gets its line echoed by `rserpool pe --service echo`.
@@ -188,6 +189,28 @@ pu_failover=$(awk -v a="$t_kill" -v b="$t_resumed" 'BEGIN{printf "%.3f", b-a}')
 say "step 5 ok: $(grep 'failover:' "$W/pu-pp.err" | cut -d' ' -f2-); $(grep 'pingpong:' "$W/pu-pp.out" | cut -d' ' -f2-); kill -> next Pong $pu_failover s"
 say "      $(grep '^session:' "$W/pu-pp.err")"
 
+# ---------------------------------------------------------------- 5b: RSPLIB alone, for comparison
+# RSPLIB's pingpongclient with RSPLIB's PEs in the same run: the same kill -9, the same measure.
+stdbuf -oL rspserver -pingpong -poolhandle=RspPingPong "${LOG[@]}" > "$W/rsp-pp3.log" 2>&1 &
+pids+=($!); rpp3_pid=$!
+wait_for 60 "a third rspserver pingpong PE" registered RspPingPong 3
+stdbuf -oL -eL pingpongclient -poolhandle=RspPingPong -interval=200 "${LOG[@]}" > "$W/pingpongclient-rsp.log" 2>&1 &
+PPC2=$!; pids+=($PPC2)
+wait_for 60 "Acks from rspserver to pingpongclient" grep -q 'Ack #5 from PE' "$W/pingpongclient-rsp.log"
+served=$(nocolor < "$W/pingpongclient-rsp.log" | grep -o 'Ack #1 from PE \$[0-9a-f]*' | awk 'NR==1 {print $NF}' || true)
+if grep -q "${served#\$}" "$W/rsp-pp3.log"; then victim=$rpp3_pid
+elif grep -q "${served#\$}" "$W/rsp-pp1.log"; then victim=$rpp1_pid
+else victim=$rpp2_pid; fi
+t_kill=$(tod)
+kill9 "$victim"
+acked_by_other_rsp() { [ "$(nocolor < "$W/pingpongclient-rsp.log" | grep 'Ack #' | grep -vcF "PE $1 " || true)" -ge 1 ]; }
+wait_for 60 "pingpongclient's Acks from the other rspserver" acked_by_other_rsp "$served"
+t_resumed=$(nocolor < "$W/pingpongclient-rsp.log" | grep 'Ack #' | grep -vF "PE $served " | awk 'NR==1' \
+    | grep -o '[0-9][0-9]:[0-9][0-9]:[0-9.]*' | awk -F: '{printf "%.4f", $1*3600 + $2*60 + $3}' || true)
+kill -TERM $PPC2 2>/dev/null || true
+rsp_failover=$(awk -v a="$t_kill" -v b="$t_resumed" 'BEGIN{d=b-a; if (d < 0) d += 86400; printf "%.3f", d}')
+say "step 5b ok: RSPLIB's pingpongclient with RSPLIB's PEs: kill -> next Ack $rsp_failover s"
+
 # ---------------------------------------------------------------- 6: our PU -> rspserver -calcapp
 for i in 1 2; do
     stdbuf -oL rspserver -calcapp -poolhandle=RspCalcApp "${LOG[@]}" > "$W/rsp-ca$i.log" 2>&1 &
@@ -224,5 +247,5 @@ sleep 1; kill -TERM $TERM_PID 2>/dev/null; wait $TERM_PID 2>/dev/null || true
 line=$(nocolor < "$W/rspterminal.log" | grep -F "$MSG" | awk 'NR==1' || true)
 [ -n "$line" ] || fail "rspterminal did not print the echo"
 say "step 7 ok: rspterminal got its line back from our echo PE: $line"
-say "FIGURES: failover kill->next reply over SCTP: RSPLIB pingpongclient with our PEs $ppc_failover s; our PU with RSPLIB's PEs $pu_failover s"
+say "FIGURES: failover kill->next reply over SCTP (Ping every 200 ms): RSPLIB pingpongclient with our PEs $ppc_failover s; our PU with RSPLIB's PEs $pu_failover s; RSPLIB pingpongclient with RSPLIB's PEs $rsp_failover s"
 say "SUITE RESULT: OK"
