@@ -213,7 +213,8 @@ say "step 5b ok: RSPLIB's pingpongclient with RSPLIB's PEs: kill -> next Ack $rs
 
 # ---------------------------------------------------------------- 6: our PU -> rspserver -calcapp
 for i in 1 2; do
-    stdbuf -oL rspserver -calcapp -poolhandle=RspCalcApp "${LOG[@]}" > "$W/rsp-ca$i.log" 2>&1 &
+    # In the work folder: rspserver -calcapp writes its statistics files into the current one.
+    (cd "$W" && exec stdbuf -oL rspserver -calcapp -poolhandle=RspCalcApp "${LOG[@]}" > "$W/rsp-ca$i.log" 2>&1) &
     pids+=($!); eval "rca${i}_pid=$!"
 done
 wait_for 60 "the rspserver calcapp PEs to register" registered RspCalcApp 2
