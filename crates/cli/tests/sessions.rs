@@ -463,3 +463,20 @@ fn a_pe_deregisters_on_sigterm() {
     assert!(p.out().contains(&format!("PE {id} stopped")));
     r.wait_for(&format!("removed pool=EchoPool pe={id} cause=deregist"));
 }
+
+#[test]
+fn many_lines_stream_through_one_session_without_stalling() {
+    // More replies than the session's event queues hold, while the PU keeps sending: the
+    // session must go on reading its commands while the application catches up.
+    let (_r, reg) = registrar();
+    let (_pe, _) = pe(&reg, "echo", &[]);
+    let input: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+    let mut u = pu(&reg, &[], Some(&input));
+    assert!(u.wait_exit(), "stderr:\n{}", u.err());
+    assert_eq!(u.out(), input);
+    assert!(
+        u.err().contains("messages sent 20000 received 20000"),
+        "{}",
+        u.err()
+    );
+}
