@@ -28,7 +28,7 @@ use tokio::time::Instant;
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PuArgs {
     /// TOML file with any of these options as keys and the clients' settings in a
-    /// `[service-config]` table (`[service-config.pingpong_client]`, ...); flags win.
+    /// `[service-config]` table (`[service-config.pingpong-client]`, ...); flags win.
     #[arg(long, short = 'c', value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -456,15 +456,11 @@ async fn run_client(
                             handling_time.as_secs_f64()
                         ));
                     }
-                    ClientReport::JobRejected { job_id } => {
-                        if !quiet {
-                            say(ts, &format!("job {job_id} rejected by PE {pe}"));
-                        }
+                    ClientReport::JobRejected { job_id } if !quiet => {
+                        say(ts, &format!("job {job_id} rejected by PE {pe}"));
                     }
-                    ClientReport::JobAccepted { job_id } => {
-                        if !quiet {
-                            say(ts, &format!("job {job_id} accepted by PE {pe}"));
-                        }
+                    ClientReport::JobAccepted { job_id } if !quiet => {
+                        say(ts, &format!("job {job_id} accepted by PE {pe}"));
                     }
                     ClientReport::Ignored(e) => esay(ts, &format!("warning: ignored: {e}")),
                     _ => {}
@@ -490,7 +486,7 @@ async fn run_client(
                 Some(SessionEvent::Failover(f)) => {
                     failovers += 1;
                     pe = f.to;
-                    esay(ts, &format!("{}", describe(&f)));
+                    esay(ts, &describe(&f));
                     client.failover_complete(now_of(epoch), f.with_cookie);
                 }
                 Some(SessionEvent::Failed { reason }) => {

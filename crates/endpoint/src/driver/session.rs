@@ -62,6 +62,9 @@ pub struct SessionHandle {
 
 type Resolved = Result<(Vec<PoolElement>, Option<PoolPolicy>), String>;
 
+/// Events held for the application before the session stops reading from its PE.
+const EVENTS_HELD: usize = 4096;
+
 impl SessionHandle {
     /// Opens a session to `config.pool_handle`: resolves it with `client`, connects to the
     /// selected PE over a new endpoint made from `endpoint`, and returns once the session is
@@ -91,7 +94,11 @@ impl SessionHandle {
             let (res_tx, mut res_rx) = mpsc::channel::<Resolved>(4);
             let mut current: Option<AssociationId> = None;
             let mut opened_tx = Some(opened_tx);
-            let mut app_gone = false;
+            // Events wait here until the application takes them; the task never blocks on the
+            // application (it may be busy sending), and stops reading the association while
+            // too many wait (back-pressure on the PE instead of unbounded memory).
+            let mut pending: std::collections::VecDeque<SessionEvent> =
+                std::collections::VecDeque::new();
             core.open(now());
             loop {
                 while let Some(a) = core.poll_action() {
@@ -160,9 +167,7 @@ impl SessionHandle {
                         SessionEvent::ProtocolError(p) => tracing::warn!(error = %p, "session"),
                         _ => {}
                     }
-                    if !app_gone && events_tx.send(e).await.is_err() {
-                        app_gone = true;
-                    }
+                    pending.push_back(e);
                 }
                 let _ = snap_tx.send(SessionSnapshot {
                     receipt: core.receipt().clone(),
@@ -176,7 +181,17 @@ impl SessionHandle {
                     .poll_timeout()
                     .map(|d| epoch + d)
                     .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+                let app_gone = events_tx.is_closed();
+                if app_gone {
+                    pending.clear();
+                }
+                let room = pending.len() < EVENTS_HELD;
                 tokio::select! {
+                    permit = events_tx.reserve(), if !pending.is_empty() => {
+                        if let (Ok(permit), Some(e)) = (permit, pending.pop_front()) {
+                            permit.send(e);
+                        }
+                    }
                     _ = tokio::time::sleep_until(deadline) => core.handle_timeout(now()),
                     Some(r) = res_rx.recv() => core.resolved(now(), r),
                     cmd = cmd_rx.recv() => match cmd {
@@ -196,7 +211,7 @@ impl SessionHandle {
                         }
                         None => core.close(now()),
                     },
-                    ev = ep.next_event() => match ev {
+                    ev = ep.next_event(), if room => match ev {
                         Some(Event::AssociationUp { id, .. }) if Some(id) == current => core.connected(now()),
                         Some(Event::AssociationDown { id, reason }) if Some(id) == current => {
                             current = None;
@@ -215,6 +230,12 @@ impl SessionHandle {
                 stats: core.stats().clone(),
                 current_pe: None,
             });
+            // What the application has not taken yet (the last replies, the failure).
+            for e in pending {
+                if events_tx.send(e).await.is_err() {
+                    break;
+                }
+            }
             // Give a graceful close a moment to leave before the endpoint goes.
             if let Some(a) = current {
                 let _ = tokio::time::timeout(Duration::from_secs(1), async {
