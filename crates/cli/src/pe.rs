@@ -119,6 +119,11 @@ pub struct PeArgs {
     #[arg(skip)]
     #[serde(skip)]
     pub service_settings: Option<toml::Table>,
+    /// TLS towards the registrars (flags only). ASAP then runs over the TCP mapping; the
+    /// sessions with pool users do not use TLS.
+    #[command(flatten)]
+    #[serde(skip)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 /// Parses a PE or registrar identifier: decimal, `0x…` or RSPLIB's `$…`.
@@ -481,6 +486,7 @@ pub fn run(args: PeArgs) -> Result<()> {
     let a = args.merged()?;
     let kind = service_kind(a.service.as_deref())?;
     let transport = transport_choice("transport", a.transport.as_deref())?;
+    let tls = a.tls.settings()?;
     let pool = PoolHandle::from(
         a.pool_handle
             .clone()
@@ -575,6 +581,11 @@ pub fn run(args: PeArgs) -> Result<()> {
             TransportKind::Sctp => TransportChoice::Sctp,
             TransportKind::Tcp => TransportChoice::Tcp,
         };
+        if let Some(tls) = tls.clone() {
+            // TLS runs over the TCP mapping only (docs/security.md#tls).
+            access.transport = TransportChoice::Tcp;
+            access.endpoint.tls = Some(tls);
+        }
         match a.asap_local {
             Some(l) => access.endpoint.local_addrs = vec![l],
             None if server.kind() == TransportKind::Tcp && !bound.ip().is_unspecified() => {

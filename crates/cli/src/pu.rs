@@ -14,7 +14,7 @@ use rserpool_endpoint::session::{
     CandidateSource, FailoverReason, FailoverRecord, SessionConfig, SessionEvent,
 };
 use rserpool_services::{ClientOutput, ClientReport, Now, ServiceConfig, ServiceKind};
-use rserpool_transport::EndpointConfig;
+use rserpool_transport::{EndpointConfig, TransportChoice};
 use rserpool_wire::PoolHandle;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -90,6 +90,11 @@ pub struct PuArgs {
     #[arg(skip)]
     #[serde(skip)]
     pub service_settings: Option<toml::Table>,
+    /// TLS towards the registrars (flags only). ASAP then runs over the TCP mapping; the
+    /// sessions with the PEs do not use TLS.
+    #[command(flatten)]
+    #[serde(skip)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 impl PuArgs {
@@ -270,6 +275,11 @@ pub fn run(args: PuArgs) -> Result<()> {
     };
     let mut access = RegistrarAccess::single(registrars[0], transport);
     access.registrars = registrars.iter().map(|r| vec![*r]).collect();
+    if let Some(tls) = a.tls.settings()? {
+        // TLS runs over the TCP mapping only (docs/security.md#tls).
+        access.transport = TransportChoice::Tcp;
+        access.endpoint.tls = Some(tls);
+    }
     let resolver = ResolverConfig {
         stale_cache: a.stale_cache.unwrap_or(Duration::ZERO),
         ..ResolverConfig::default()

@@ -468,3 +468,105 @@ fn only_registrars_with_an_allowed_certificate_join_over_enrp() {
     });
     assert_eq!(peers.as_deref(), Some("1"), "only b is a peer of a");
 }
+
+#[test]
+fn rserpool_pe_and_pu_take_the_same_tls_options() {
+    let pki = Pki::new("ca");
+    let (rc, rk) = pki.issue("registrar", server_names());
+    let config = pki.dir.path().join("registrar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"transport = "tcp"
+asap = ["127.0.0.1:0"]
+asap-announce = "off"
+metrics = "127.0.0.1:0"
+
+[tls]
+cert = "{}"
+key = "{}"
+ca = "{}"
+unauthenticated-resolve = false
+
+[[tls.register]]
+identity = "dns:*.echo.test"
+pools = ["EchoPool"]
+"#,
+            path(&rc),
+            path(&rk),
+            path(&pki.ca)
+        ),
+    )
+    .unwrap();
+    let registrar = Registrar::start(&config);
+    let target = registrar.asap.to_string();
+    let (pc, pk) = pki.issue(
+        "pe",
+        Names {
+            cn: "pe-1",
+            dns: &["e1.echo.test"],
+            ..Names::default()
+        },
+    );
+    let (uc, uk) = pki.issue(
+        "pu",
+        Names {
+            cn: "pu-1",
+            dns: &["u1.users.test"],
+            ..Names::default()
+        },
+    );
+    let tls = |cert: &Path, key: &Path| {
+        vec![
+            "--tls-ca".to_string(),
+            path(&pki.ca).to_string(),
+            "--tls-cert".to_string(),
+            path(cert).to_string(),
+            "--tls-key".to_string(),
+            path(key).to_string(),
+            "--tls-server-name".to_string(),
+            "registrar.test".to_string(),
+        ]
+    };
+    let mut pe = bin()
+        .args([
+            "pe",
+            "--service",
+            "echo",
+            "--registrar",
+            &target,
+            "--transport",
+            "tcp",
+            "--local",
+            "127.0.0.1:0",
+        ])
+        .args(tls(&pc, &pk))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the PE starts");
+    registrar.wait_metric("rserpool_registrar_pool_elements", 1);
+    let mut pu = bin()
+        .args(["pu", "--registrar", &target, "--transport", "tcp"])
+        .args(tls(&uc, &uk))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the PU starts");
+    pu.stdin
+        .take()
+        .unwrap()
+        .write_all(b"through TLS to the registrar\n")
+        .unwrap();
+    let out = pu.wait_with_output().unwrap();
+    let _ = pe.kill();
+    let _ = pe.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("through TLS to the registrar"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    registrar.wait_metric("rserpool_registrar_tls_handshakes_total", 2);
+}
