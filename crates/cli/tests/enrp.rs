@@ -585,3 +585,49 @@ fn figures_sync_memory_and_traffic_at_rest() {
         t.elapsed().as_secs_f64()
     );
 }
+
+/// `rserpool pe` over the TCP mapping follows its new home: after `kill -9` of the registrar it
+/// registered with, the peer that takes it over reaches it with the H=1 keep-alive (at the
+/// address the PE's connection came from) and the PE adopts it.
+#[test]
+fn our_pe_process_follows_its_new_home_after_kill_9() {
+    let r1 = start(0x2001, None);
+    let r2 = start(0x2002, Some(r1.enrp));
+    wait_for("two peers", Duration::from_secs(60), || {
+        metric(&r1, "rserpool_registrar_enrp_peers") == 1
+            && metric(&r2, "rserpool_registrar_enrp_peers") == 1
+    });
+    let mut pe = Command::new(env!("CARGO_BIN_EXE_rserpool"))
+        .args([
+            "pe",
+            "--service",
+            "echo",
+            "--registrar",
+            &r1.asap.to_string(),
+            "--transport",
+            "tcp",
+            "--local",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the PE starts");
+    wait_for("the PE at both registrars", Duration::from_secs(60), || {
+        metric(&r1, "rserpool_registrar_pool_elements") == 1
+            && metric(&r2, "rserpool_registrar_pool_elements") == 1
+    });
+    let mut r1 = r1;
+    r1.child.kill().unwrap();
+    let _ = r1.child.wait();
+    let adopted = std::panic::catch_unwind(|| {
+        wait_for("the PE adopting r2", Duration::from_secs(60), || {
+            metric(&r2, "rserpool_registrar_pool_elements_adopted_total") >= 1
+        })
+    });
+    let registered = metric(&r2, "rserpool_registrar_pool_elements");
+    let _ = pe.kill();
+    let _ = pe.wait();
+    assert!(adopted.is_ok(), "the PE did not adopt its new home");
+    assert_eq!(registered, 1, "the PE stays registered at its new home");
+}

@@ -132,6 +132,12 @@ pub struct TcpConfig {
     /// directions and only PPID 11 can be sent there. For a registrar's HANDLE_RESOLUTION service
     /// to pool users. Works beside SCTP and beside the TCP mapping.
     pub plain_asap_listen: Vec<SocketAddr>,
+    /// Outbound connections leave from the port this endpoint listens on (`SO_REUSEPORT` on
+    /// the listener and the connecting socket), so that the address the peer sees is one it
+    /// can connect back to. A PE's ASAP address is where a registrar that took it over sends
+    /// the H=1 keep-alive (RFC 5352 §3.4, RFC 5353 §3.5.2). Off by default: with it, another
+    /// process of the same user could bind the same port.
+    pub connect_from_listening_port: bool,
 }
 
 impl Default for TcpConfig {
@@ -142,6 +148,7 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(5),
             nodelay: true,
             plain_asap_listen: Vec::new(),
+            connect_from_listening_port: false,
         }
     }
 }

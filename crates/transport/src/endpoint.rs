@@ -272,6 +272,8 @@ pub(crate) struct Shared {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     pub sctp: std::sync::OnceLock<Arc<sctp::SctpSocket>>,
     pub tls: Option<TlsContext>,
+    /// The addresses the TCP mapping listens on (set once bound).
+    pub listening: std::sync::OnceLock<Vec<SocketAddr>>,
 }
 
 impl Shared {
@@ -539,12 +541,16 @@ impl Endpoint {
             tasks: Mutex::new(Vec::new()),
             sctp: std::sync::OnceLock::new(),
             tls,
+            listening: std::sync::OnceLock::new(),
         });
         let local_addrs = match kind {
             TransportKind::Sctp => sctp::start(&shared)?,
             TransportKind::Tcp => {
                 if shared.config.accept {
-                    tcp::listen(&shared, tcp::Framing::Mapped, &shared.config.local_addrs)?
+                    let bound =
+                        tcp::listen(&shared, tcp::Framing::Mapped, &shared.config.local_addrs)?;
+                    let _ = shared.listening.set(bound.clone());
+                    bound
                 } else {
                     shared.config.local_addrs.clone()
                 }

@@ -141,6 +141,9 @@ impl PoolElementHandle {
         // Accept associations from registrars (a new home after a takeover, RFC 5352 §3.4):
         // over SCTP on the one socket; over the TCP mapping only on the addresses given.
         c.accept = !c.local_addrs.is_empty() || access.transport == TransportChoice::Sctp;
+        // Over the TCP mapping a registrar that takes this PE over connects to the address the
+        // registration came from: let it be the listening one.
+        c.tcp.connect_from_listening_port = c.accept;
         let mut endpoint = Endpoint::bind(c).await?;
         if config.registrars.is_empty() {
             config.registrars = access.registrars.clone();

@@ -133,6 +133,9 @@ pub(crate) fn listen(
         };
         let s = new_socket(&a).map_err(bind_err)?;
         s.set_reuseaddr(true).map_err(bind_err)?;
+        if framing == Framing::Mapped && shared.config.tcp.connect_from_listening_port {
+            s.set_reuseport(true).map_err(bind_err)?;
+        }
         s.bind(a).map_err(bind_err)?;
         let l = s.listen(1024).map_err(bind_err)?;
         let local = l.local_addr().map_err(bind_err)?;
@@ -375,14 +378,48 @@ async fn connect_any(shared: &Shared, addrs: &[SocketAddr]) -> Result<TcpStream,
             .iter()
             .find(|l| l.is_ipv4() == a.is_ipv4() && !l.ip().is_unspecified())
             .map(|l| SocketAddr::new(l.ip(), 0));
-        let attempt = async {
+        // From the listening port where asked (the peer can connect back to the address it
+        // sees); from an ephemeral port when that is not possible, e.g. while an earlier
+        // connection to the same peer lingers in TIME_WAIT.
+        let listening = shared
+            .listening
+            .get()
+            .filter(|_| shared.config.tcp.connect_from_listening_port)
+            .and_then(|l| {
+                l.iter()
+                    .find(|l| l.is_ipv4() == a.is_ipv4() && !l.ip().is_unspecified())
+                    .copied()
+            });
+        let attempt = |from: Option<SocketAddr>, reuse: bool| async move {
             let s = new_socket(a)?;
-            if let Some(l) = local {
+            if let Some(l) = from {
+                if reuse {
+                    s.set_reuseaddr(true)?;
+                    s.set_reuseport(true)?;
+                }
                 s.bind(l)?;
             }
             s.connect(*a).await
         };
-        match timeout(shared.config.tcp.connect_timeout, attempt).await {
+        if let Some(l) = listening {
+            match timeout(shared.config.tcp.connect_timeout, attempt(Some(l), true)).await {
+                Ok(Ok(s)) => return Ok(s),
+                Ok(Err(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable
+                    ) => {}
+                Ok(Err(e)) => {
+                    errors.push(format!("{a}: {e}"));
+                    continue;
+                }
+                Err(_) => {
+                    errors.push(format!("{a}: timed out"));
+                    continue;
+                }
+            }
+        }
+        match timeout(shared.config.tcp.connect_timeout, attempt(local, false)).await {
             Ok(Ok(s)) => return Ok(s),
             Ok(Err(e)) => errors.push(format!("{a}: {e}")),
             Err(_) => errors.push(format!("{a}: timed out")),
