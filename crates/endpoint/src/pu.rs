@@ -77,6 +77,10 @@ pub enum ResolveError {
     /// No registrar could be reached at all.
     #[error("no registrar could be reached")]
     NoRegistrar,
+    /// The registrar could not process the request and said why with an ASAP_ERROR (e.g. a
+    /// pool handle over its limit).
+    #[error("the registrar reported an error: {0}")]
+    Rejected(String),
 }
 
 /// What the resolver reports.
@@ -265,6 +269,22 @@ impl Resolver {
                 return;
             }
         };
+        if let AsapMessage::Error(e) = &m {
+            // RFC 5352 §2.2.14: the registrar could not process a message of ours. It answers
+            // an association's requests in order, so the error is about the oldest one still
+            // waiting for its answer.
+            match self.pending.iter().position(|p| p.sent) {
+                Some(i) => {
+                    let p = self.pending.remove(i).expect("found above");
+                    self.fail(p, ResolveError::Rejected(e.error.to_string()));
+                }
+                None => self.events.push_back(ResolverEvent::ProtocolError(format!(
+                    "ASAP_ERROR from the registrar with no request waiting: {}",
+                    e.error
+                ))),
+            }
+            return;
+        }
         let AsapMessage::HandleResolutionResponse(r) = m else {
             self.events.push_back(ResolverEvent::ProtocolError(format!(
                 "unexpected {} from the registrar",

@@ -799,3 +799,34 @@ fn an_application_that_resends_is_fenced_until_it_has_seen_the_failover() {
         }]
     );
 }
+
+/// An ASAP_ERROR from the registrar ends the request it is about with the registrar's words
+/// instead of a timeout.
+#[test]
+fn an_asap_error_from_the_registrar_fails_the_waiting_resolution() {
+    use rserpool_endpoint::pu::{ResolveError, Resolver, ResolverConfig, ResolverEvent};
+    use rserpool_wire::{CauseCode, OperationError};
+    let mut r = Resolver::new(ResolverConfig::default());
+    r.connected(Duration::ZERO);
+    let request = r.resolve(Duration::ZERO, pool());
+    assert!(matches!(
+        r.poll_transmit().map(|b| dec(&b)),
+        Some(AsapMessage::HandleResolution(_))
+    ));
+    let error = AsapMessage::Error(asap::AsapError {
+        error: OperationError::new(CauseCode::InvalidValues),
+    });
+    r.message(MS, &enc(&error));
+    match r.poll_event() {
+        Some(ResolverEvent::Failed {
+            request: failed,
+            error: ResolveError::Rejected(why),
+            ..
+        }) => {
+            assert_eq!(failed, request);
+            assert!(!why.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(r.poll_timeout(), None, "nothing is left waiting");
+}
