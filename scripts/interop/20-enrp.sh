@@ -37,6 +37,7 @@ OUR_TIMERS=(--peer-heartbeat-cycle 2s --peer-max-time-last-heard 8s --peer-max-t
 
 hsdump_of() {   # hsdump_of ADDR:PORT -> hsdump's output without colours
     timeout 40 hsdump "$1" "${LOG[@]}" 2>&1 | nocolor
+    date +%s > "$W/last-hsdump"
 }
 pe_id_of() { grep -m1 -o 'Identifier *= *\$[0-9a-f]*' "$1" | awk '{print $NF}'; }
 # hsdump prints a PE as "- idx:#0001: $PEID flags=..." and on the next line "chsum=... home=$REGID".
@@ -108,6 +109,13 @@ say "      C's hsdump, PE $pe_b: $(grep -A1 -F "$pe_b" "$W/hsdump-C.txt" | head 
 rsp_takeover_done "$W/C.log" "$W/D.log" && fail "an rspregistrar completed a takeover of B too"
 say "step 4 ok: kill -9 B -> A won the takeover $won_after s after the kill, and PE $pe_b adopted A (it answered the H=1 keep-alive, or re-registered over the association the keep-alive opened) $adopted_after s after the kill: $(nocolor < "$W/A.log" | grep -m1 'takeover won' | sed 's/.*INFO //')"
 
+# hsdump joins as an ENRP peer for a moment, and an rspregistrar keeps it in its peer table for
+# -peermaxtimelastheard + -peermaxtimenoresponse (15 s + 6 s) after it left. RSPLIB's takeover
+# waits for an acknowledgement from every peer in that table, so a takeover started while such
+# an entry is still there expires unanswered. Kill A once the last hsdump is gone from C's and
+# D's tables.
+settled=$(( $(cat "$W/last-hsdump") + 15 + 6 + 3 ))
+while [ "$(date +%s)" -lt "$settled" ]; do sleep 0.5; done
 t_kill=$(date +%s.%N)
 kill -9 $A
 wait_for 120 "an rspregistrar to take A over" rsp_takeover_done "$W/C.log" "$W/D.log"
