@@ -15,7 +15,9 @@
 #      then RSPLIB's pingpongclient with RSPLIB's PEs, the same kill -9, for comparison;
 #   6. two RSPLIB `rspserver -calcapp`: `rserpool pu --service calcapp` runs a job, the PE is
 #      killed after a cookie came, the job resumes on the other and completes;
-#   7. RSPLIB's `rspterminal` gets its line echoed by `rserpool pe --service echo`.
+#   7. RSPLIB's `rspterminal` gets its line echoed by `rserpool pe --service echo`;
+#   8. `rserpool pe --service echo` registers with RSPLIB's `rspregistrar` and `rspterminal`, through
+#      that registrar, gets its line echoed by it.
 # Our PEs register the guest's site-local address 10.255.0.1: RSPLIB's pool users ignore
 # loopback addresses in handle resolutions. The guest runs with `set -o pipefail`: no pipeline
 # here ends in a reader that stops early (head, grep -m1/-q), which would fail its writer.
@@ -248,5 +250,23 @@ sleep 1; kill -TERM $TERM_PID 2>/dev/null; wait $TERM_PID 2>/dev/null || true
 line=$(nocolor < "$W/rspterminal.log" | grep -F "$MSG" | awk 'NR==1' || true)
 [ -n "$line" ] || fail "rspterminal did not print the echo"
 say "step 7 ok: rspterminal got its line back from our echo PE: $line"
+# ---------------------------------------------------------------- 8: our PE at RSPLIB's registrar
+RSPREG=127.0.0.1:5300
+rspregistrar -asap=$RSPREG -asapannounce=off -enrpannounce=off -enrp=127.0.0.1:5301 \
+    -minaddressscope=loopback "${RSPLIB_LOG[@]}" > "$W/rspregistrar.log" 2>&1 &
+pids+=($!)
+"$RS" pe --service echo --pool-handle RspEchoPool --transport sctp --registrar $RSPREG \
+    --local 10.255.0.1:0 --metrics 127.0.0.1:5232 --log info > "$W/echo-at-rsp.log" 2>&1 &
+pids+=($!)
+wait_for 60 "our echo PE to register with rspregistrar" grep -q 'registered pe=' "$W/echo-at-rsp.log"
+MSG8="Hello through RSPLIB's registrar to rserpool"
+echo "$MSG8" | rspterminal -poolhandle=RspEchoPool "${RSPLIB_LOG[@]}" -registrar=$RSPREG \
+    -asapannounce=off > "$W/rspterminal-rsp.log" 2>&1 &
+TERM_PID=$!; pids+=($TERM_PID)
+wait_for 60 "our echo PE to answer through rspregistrar" pe_metric_at_least 5232 rserpool_pe_messages_sent_total 1
+sleep 1; kill -TERM $TERM_PID 2>/dev/null; wait $TERM_PID 2>/dev/null || true
+line=$(nocolor < "$W/rspterminal-rsp.log" | grep -F "$MSG8" | awk 'NR==1' || true)
+[ -n "$line" ] || fail "rspterminal did not print the echo of our PE registered at rspregistrar"
+say "step 8 ok: our echo PE registered with rspregistrar; rspterminal through it got: $line"
 say "FIGURES: failover kill->next reply over SCTP (Ping every 200 ms): RSPLIB pingpongclient with our PEs $ppc_failover s; our PU with RSPLIB's PEs $pu_failover s; RSPLIB pingpongclient with RSPLIB's PEs $rsp_failover s"
 say "SUITE RESULT: OK"
