@@ -9,11 +9,11 @@
 //! random ID, its pool handle and session state, and the PE it uses.
 
 use crate::units::{human, DurationValue};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use rserpool_wire::csp::{
     Association, ComponentId, Report, Workload, CSP_PORT, FLAG_FINAL, PROTOCOL_SCTP, PROTOCOL_TCP,
 };
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -42,25 +42,18 @@ impl std::fmt::Display for CspConfig {
     }
 }
 
-/// `ADDR[:PORT]` (port 2960 when left out), a name resolved once (`localhost:2960`).
+/// `ADDR[:PORT]`, port 2960 when left out (addresses, not host names, as every address of the
+/// project: a name resolved once goes stale).
 pub(crate) fn parse_server(v: &str) -> Result<SocketAddr> {
     let v = v.trim();
     if let Ok(a) = v.parse::<SocketAddr>() {
         return Ok(a);
     }
-    if let Ok(ip) = v.trim_start_matches('[').trim_end_matches(']').parse() {
-        return Ok(SocketAddr::new(ip, CSP_PORT));
-    }
-    let with_port = if v.contains(':') {
-        v.to_string()
-    } else {
-        format!("{v}:{CSP_PORT}")
-    };
-    with_port
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .with_context(|| format!("csp-server: {v:?} is not ADDR[:PORT] or a known host name"))
+    v.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map(|ip| SocketAddr::new(ip, CSP_PORT))
+        .map_err(|_| anyhow::anyhow!("csp-server: {v:?} is not ADDR[:PORT] (e.g. 127.0.0.1:2960)"))
 }
 
 /// The reporting these options ask for: none without either; `--csp-server` alone reports
@@ -408,7 +401,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("csp-interval: 5ms is not between"), "{e}");
-        let e = config(Some("no such host.invalid"), None)
+        let e = config(Some("localhost:2960"), None)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("csp-server: "), "{e}");

@@ -918,6 +918,36 @@ mod tests {
     }
 
     #[test]
+    fn csp_reporting_from_flags_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registrar.toml");
+        std::fs::write(
+            &path,
+            "csp-server = \"127.0.0.1:4000\"\ncsp-interval = \"2s\"\n",
+        )
+        .unwrap();
+        let a = parse(&["--config", path.to_str().unwrap()])
+            .merged()
+            .unwrap();
+        let c = crate::csp::config(a.csp_server.as_deref(), a.csp_interval)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.server, "127.0.0.1:4000".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.interval, Duration::from_secs(2));
+        let a = parse(&["--config", path.to_str().unwrap(), "--csp-interval", "500"])
+            .merged()
+            .unwrap();
+        let c = crate::csp::config(a.csp_server.as_deref(), a.csp_interval)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            c.interval,
+            Duration::from_millis(500),
+            "flags win; bare numbers are ms"
+        );
+    }
+
+    #[test]
     fn security_limits_from_file_and_flags() {
         let c = parse(&[]).into_config().unwrap();
         assert_eq!(c.core.registration_rate.map(|r| r.rate), Some(100.0));
