@@ -247,6 +247,35 @@ fn registrar_and_pe_send_csp_reports() {
     let home = &p_report.associations[0];
     assert_eq!(home.ppid, 11, "ASAP");
     assert_eq!(home.protocol, 6, "the TCP mapping");
+    // A PU reports its pool and the PE it uses.
+    let pu = Proc::start(&[
+        "pu",
+        "--registrar",
+        &asap,
+        "--transport",
+        "tcp",
+        "--pool-handle",
+        "EchoPool",
+        "--service",
+        "chargen",
+        "--quiet",
+        "true",
+        "--csp-server",
+        &server,
+        "--csp-interval",
+        "100ms",
+    ]);
+    let seen = receive_until(&socket, |r| {
+        r.sender.group() == ComponentGroup::PoolUser
+            && r.associations.iter().any(|a| a.receiver == pe_id)
+    });
+    let u = seen.last().unwrap();
+    assert!(
+        u.status
+            .starts_with(&format!("EchoPool: 1 Session on PE {pid}")),
+        "{u:?}"
+    );
+    drop(pu);
     // On SIGTERM the PE says goodbye with a FINAL report.
     p.terminate();
     receive_until(&socket, |r| r.sender == pe_id && r.is_final());
@@ -420,7 +449,8 @@ fn live_view_in_tmux_shows_registrar_and_pes_and_quits_on_q() {
     assert!(screen.contains("monitor-exit=0"), "{screen}");
 }
 
-/// cspmonitor on a free port of 127.0.0.1, started with `extra`; its address.
+/// cspmonitor on a free port of 127.0.0.1; it and its address once it has bound the port
+/// (its banner comes out after the bind, with its first screen).
 fn cspmonitor() -> (Proc, String) {
     let end = Instant::now() + DEADLINE;
     loop {
@@ -438,10 +468,21 @@ fn cspmonitor() -> (Proc, String) {
                 "-full",
             ],
         );
-        // It says "Unable to bind" and exits when the port was taken meanwhile.
-        std::thread::sleep(Duration::from_millis(300));
-        if m.child.try_wait().unwrap().is_none() && !m.err().contains("Unable to bind") {
-            return (m, addr);
+        // Taken meanwhile: it says "Unable to bind" and exits; then another port.
+        loop {
+            if m.out().contains("Component Status Monitor") {
+                return (m, addr);
+            }
+            if m.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "cspmonitor does not start:\n{}\n{}",
+                m.out(),
+                m.err()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
         let _ = m.wait_exit();
         assert!(
