@@ -637,7 +637,7 @@ pub fn run(args: PeArgs) -> Result<()> {
         let reporter = csp.map(|c| {
             let metrics = metrics.clone();
             let (pool, protocol) = (pool.clone(), crate::csp::protocol(server.kind()));
-            let location = crate::csp::location(server.local_addrs());
+            let location = crate::csp::location(&[SocketAddr::new(ip, bound.port())]);
             crate::csp::Reporter::start(c, location, move || {
                 let m = metrics.lock();
                 let m = m.as_deref().ok();

@@ -281,6 +281,65 @@ fn registrar_and_pe_send_csp_reports() {
     receive_until(&socket, |r| r.sender == pe_id && r.is_final());
 }
 
+/// A registrar with ENRP, over the TCP mapping, with timers short enough for a test.
+fn enrp_registrar(id: &str, peer: Option<&str>, csp: &str) -> (Proc, String) {
+    let mut args = vec![
+        "registrar",
+        "--transport",
+        "tcp",
+        "--asap",
+        "127.0.0.1:0",
+        "--asap-announce",
+        "off",
+        "--enrp",
+        "127.0.0.1:0",
+        "--enrp-announce",
+        "off",
+        "--identifier",
+        id,
+        "--mentor-discovery-timeout",
+        "1s",
+        "--peer-heartbeat-cycle",
+        "1s",
+        "--csp-server",
+        csp,
+        "--csp-interval",
+        "100ms",
+    ];
+    if let Some(p) = peer {
+        args.extend_from_slice(&["--peer", p]);
+    }
+    let r = Proc::start(&args);
+    let text = r.wait_for("serving ENRP on ");
+    let enrp = word_after(&text, "serving ENRP on ");
+    (r, enrp)
+}
+
+#[test]
+fn registrars_report_their_enrp_peers() {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let server = socket.local_addr().unwrap().to_string();
+    let (_a, a_enrp) = enrp_registrar("0x5e5e0a01", None, &server);
+    let (_b, _) = enrp_registrar("0x5e5e0a02", Some(&a_enrp), &server);
+    let a = ComponentId::new(ComponentGroup::Registrar, 0x5e5e0a01);
+    let b = ComponentId::new(ComponentGroup::Registrar, 0x5e5e0a02);
+    // Each names the other: "1 Peer" and one association, PPID 12 (ENRP), duration unknown.
+    let mut heard = std::collections::BTreeSet::new();
+    receive_until(&socket, |r| {
+        let other = if r.sender == a { b } else { a };
+        if (r.sender == a || r.sender == b)
+            && r.status == "0[0] PEs in 0 Pools, 1 Peer"
+            && r.associations.len() == 1
+        {
+            let assoc = &r.associations[0];
+            assert_eq!(assoc.receiver, other);
+            assert_eq!((assoc.ppid, assoc.duration_us), (12, None));
+            heard.insert(r.sender);
+        }
+        heard.len() == 2
+    });
+}
+
 #[test]
 fn monitor_once_prints_registrar_pes_and_csp_components() {
     let (_r, rid, asap, rmetrics) = registrar(&[]);
