@@ -412,9 +412,23 @@ fn monitor_refuses_bad_options_naming_them() {
     let mut m = Proc::start(&["monitor", "--once", "--csp", "off"]);
     assert!(!m.wait_exit());
     assert!(m.err().contains("nothing to show"), "{}", m.err());
-    let mut m = Proc::start(&["monitor", "--once", "--csp", "nowhere", "--status", "x:1"]);
+    let mut m = Proc::start(&[
+        "monitor",
+        "--once",
+        "--csp",
+        "nowhere",
+        "--status",
+        "127.0.0.1:1",
+    ]);
     assert!(!m.wait_exit());
     assert!(m.err().contains("csp: \"nowhere\""), "{}", m.err());
+    let mut m = Proc::start(&["monitor", "--once", "--status", "localhost"]);
+    assert!(!m.wait_exit());
+    assert!(
+        m.err().contains("status: \"localhost\" is not ADDR:PORT"),
+        "{}",
+        m.err()
+    );
     // An endpoint that does not answer is shown as such, not fatal.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = closed.local_addr().unwrap().to_string();

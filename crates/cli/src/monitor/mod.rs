@@ -71,8 +71,9 @@ fn target(v: &str) -> Result<Target> {
         Some(i) => (&rest[..i], Some(&rest[i..])),
         None => (rest, None),
     };
-    if host.is_empty() || !host.contains(':') {
-        bail!("status: {v:?} is not ADDR:PORT or http://ADDR:PORT[/PATH]");
+    // An address, not a host name (docs/configuration.md): nothing to resolve at each refresh.
+    if host.parse::<std::net::SocketAddr>().is_err() {
+        bail!("status: {v:?} is not ADDR:PORT or http://ADDR:PORT[/PATH] (e.g. 127.0.0.1:9100)");
     }
     let paths = match path {
         Some(p) if p != "/" => vec![p.to_string()],
