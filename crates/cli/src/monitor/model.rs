@@ -424,7 +424,7 @@ pub(crate) fn panes(state: &State, now: Instant) -> Vec<Pane> {
                     .and_then(|m| m.as_array())
                     .cloned()
                     .unwrap_or_default();
-                let pool = format!("gateway {src}");
+                let pool = format!("gateway {}", s.target.trim_start_matches("http://"));
                 let e = pools.entry(pool.clone()).or_default();
                 e.pool_elements += members.len() as u64;
                 e.sessions_at_pes += doc
@@ -579,6 +579,21 @@ pub(crate) fn panes(state: &State, now: Instant) -> Vec<Pane> {
                 }
             }
             ComponentGroup::PoolElement => {
+                let key = short(*id);
+                // The same PE read over HTTP (our PEs give both): one row, both sources.
+                if let Some(row) = pes
+                    .iter_mut()
+                    .find(|row| row[0] == key && !row[5].contains("CSP"))
+                {
+                    row[5] = format!("{}, {src}", row[5]);
+                    if row[2] == "-" {
+                        row[2] = registrar_of(r);
+                    }
+                    if let Some(p) = pools.get_mut(&row[1]) {
+                        p.seen_by.insert("CSP".into());
+                    }
+                    continue;
+                }
                 let pool = pool_of_status(&r.status).unwrap_or("?").to_string();
                 let e = pools.entry(pool.clone()).or_default();
                 e.pool_elements += 1;
@@ -862,5 +877,30 @@ mod tests {
             .rows
             .iter()
             .any(|r| r[1] == "registrar_registrations_total" && r[2] == "2"));
+        // The same PE and registrar heard over CSP too: still one row each, both sources.
+        let from: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let mut pe = Report::new(ComponentId::pool_element(PoolElementId(1)));
+        pe.status = "EchoPool: 4 Sessions".into();
+        pe.interval_us = 1_000_000;
+        st.csp_datagram(&pe.encode().unwrap(), from, now);
+        let mut pr = Report::new(ComponentId::registrar(RegistrarId(0xabcd)));
+        pr.interval_us = 1_000_000;
+        st.csp_datagram(&pr.encode().unwrap(), from, now);
+        let p = panes(&st, now);
+        assert_eq!(p[0].rows.len(), 1);
+        assert_eq!(
+            p[0].rows[0][1],
+            "http://127.0.0.1:1, CSP from 127.0.0.1:5000"
+        );
+        assert_eq!(p[2].rows.len(), 1);
+        assert_eq!(
+            p[2].rows[0][5],
+            "http://127.0.0.1:2, CSP from 127.0.0.1:5000"
+        );
+        assert_eq!(
+            p[1].rows[0][..4],
+            ["EchoPool", "1", "4", "0"],
+            "counted once"
+        );
     }
 }

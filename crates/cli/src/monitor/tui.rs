@@ -66,7 +66,7 @@ fn widths(p: &Pane) -> Vec<Constraint> {
                 .chain(std::iter::once(p.header[i].chars().count()))
                 .max()
                 .unwrap_or(0);
-            Constraint::Length(w.min(48) as u16)
+            Constraint::Length(w.min(64) as u16)
         })
         .collect()
 }
