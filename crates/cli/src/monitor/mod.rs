@@ -28,29 +28,29 @@ pub struct MonitorArgs {
     /// Receive Component Status Protocol reports (UDP) here, from our daemons' and RSPLIB's
     /// `--csp-server`/`-cspserver`; `off` to receive none. Only this host by default: give
     /// e.g. 0.0.0.0:2960 to hear other hosts (anyone who can reach the port can then add
-    /// components to the view). [default: 127.0.0.1:2960]
+    /// components to the view).
     #[arg(long, value_name = "ADDR:PORT|off", default_value = "127.0.0.1:2960")]
     pub csp: String,
     /// How often the view and the status endpoints are refreshed, e.g. "1s", "500ms" or
-    /// milliseconds; with --once, how long CSP reports are collected first. [default: 1s]
+    /// milliseconds; with --once, how long CSP reports are collected first.
     #[arg(long, value_name = "DURATION", default_value = "1s")]
     pub refresh: DurationValue,
     /// Print one plain-text snapshot and exit (also what happens when stdout is not a
     /// terminal).
     #[arg(long)]
     pub once: bool,
-    /// Time one status endpoint has to answer. [default: 2s]
+    /// Time one status endpoint has to answer.
     #[arg(long, value_name = "DURATION", default_value = "2s")]
     pub timeout: DurationValue,
     /// Most CSP components kept; reports of further ones are counted and ignored.
-    /// [default: 1024]
+    ///
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_components: usize,
     /// A CSP component is forgotten after this long without a report, or after 10 of its
-    /// report intervals if that is shorter (as cspmonitor's -purgeinterval). [default: 30s]
+    /// report intervals if that is shorter (as cspmonitor's -purgeinterval).
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     pub purge_interval: DurationValue,
-    /// Largest status endpoint response read, in bytes. [default: 4194304]
+    /// Largest status endpoint response read, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
     pub max_response_size: usize,
 }

@@ -276,7 +276,8 @@ impl State {
         }
     }
 
-    /// Forgets components silent for min(`purge`, 10 report intervals).
+    /// Forgets components silent for min(`purge`, 10 report intervals), but never sooner than
+    /// after 1 s (a report interval of 0 would otherwise forget a component at once).
     pub fn purge_csp(&mut self, now: Instant) {
         let purge = self.purge;
         self.csp.retain(|_, e| {
@@ -776,6 +777,24 @@ mod tests {
         assert_eq!(s[1].label("sync"), Some("in \"sync\""));
         assert_eq!(s[2].value, 4.5);
         assert_eq!(s[2].label("a"), Some("1"));
+    }
+
+    #[test]
+    fn prometheus_parser_takes_any_text_without_panic() {
+        let tricky = "a{b=\"\\\"é\\\\\",c=\"x\"} 1e3 17\nz{=\"\"} 2\né{} +Inf\nq{k=\"v\" 3\n";
+        for end in 0..=tricky.len() {
+            if tricky.is_char_boundary(end) {
+                let _ = parse_prometheus(&tricky[..end]);
+            }
+        }
+        for b in 0u8..=255 {
+            let text = format!("m{{a=\"{}\"}} 1", b as char);
+            let _ = parse_prometheus(&text);
+            let _ = parse_prometheus(&String::from_utf8_lossy(&[b'm', b'{', b, b'}', b' ', b'1']));
+        }
+        let (s, _) = parse_prometheus("a{b=\"\\\"é\\\\\",c=\"x\"} 1e3 17\n");
+        assert_eq!(s[0].label("b"), Some("\"é\\"));
+        assert_eq!(s[0].value, 1000.0);
     }
 
     fn report(id: ComponentId, status: &str, interval_us: u32) -> Report {
