@@ -8,7 +8,7 @@
 
 use rserpool_wire::csp::{Association, ComponentGroup, ComponentId, Report, PROTOCOL_SCTP};
 use rserpool_wire::PoolElementId;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -23,16 +23,21 @@ struct Proc {
     err: Arc<Mutex<String>>,
 }
 
-fn collect(mut r: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
+/// Collects whole lines only, so that a waiter never sees half a line (stderr is unbuffered:
+/// one line may come in several writes).
+fn collect(r: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
     std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = r.read(&mut buf) {
-            if n == 0 {
-                break;
+        let mut r = BufReader::new(r);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => into
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&line)),
             }
-            into.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     });
 }
@@ -600,11 +605,13 @@ fn cspmonitor_shows_what_our_encoder_builds() {
         sender.send_to(&bad, &addr).unwrap();
         sender.send_to(&good, &addr).unwrap();
         let out = m.out();
-        if out.contains("PE $5eed0001") && out.contains("\"encoded by rserpool\"") {
-            assert!(out.contains("test: 127.0.0.1"), "the location:\n{out}");
-            assert!(out.contains("PR $5eed0002"), "the association:\n{out}");
-            assert!(out.contains("ASAP/SCTP"), "protocol and PPID:\n{out}");
-            assert!(out.contains("duration=0:01:01"), "its duration:\n{out}");
+        // The sender, its location and status, and its association: receiver, protocol and
+        // PPID, duration.
+        if out.contains("PE $5eed0001 [test: 127.0.0.1]")
+            && out.contains("\"encoded by rserpool\"")
+            && out.contains("-> PR $5eed0002 ASAP/SCTP")
+            && out.contains("duration=0:01:01")
+        {
             break;
         }
         assert!(
