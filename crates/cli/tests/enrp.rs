@@ -267,7 +267,10 @@ fn pes_from(ip: &str, home: &Registrar, ids: &[u32]) -> Arc<Mutex<Vec<(Registrar
             id: PoolElementId(id),
             home_registrar: RegistrarId(0),
             registration_life: RegistrationLife::Finite(Duration::from_secs(300)),
-            user_transport: UserTransport::Address(TransportAddress::tcp(7, local.as_socket().unwrap().ip())),
+            user_transport: UserTransport::Address(TransportAddress::tcp(
+                7,
+                local.as_socket().unwrap().ip(),
+            )),
             policy: PoolPolicy::RoundRobin,
             asap_transport: None,
         };
@@ -803,9 +806,11 @@ fn a_partition_heals_through_the_audit() {
     // New PEs on both sides of the cut.
     _pes.push(pes_from(ns.host, &a, &[101, 102, 103]));
     _pes.push(pes_from(ns.host, &c, &[301, 302, 303]));
-    wait_for("the new PEs at their homes", Duration::from_secs(30), || {
-        resolved(&a).contains(&103) && resolved(&c).contains(&303)
-    });
+    wait_for(
+        "the new PEs at their homes",
+        Duration::from_secs(30),
+        || resolved(&a).contains(&103) && resolved(&c).contains(&303),
+    );
     let audits = |r: &Registrar| metric(r, "rserpool_registrar_enrp_audit_mismatches_total");
     let audits_before: Vec<u64> = all.iter().map(|r| audits(r)).collect();
     // Hold the cut well past the mapping's keep-alive timeout (5 s) and connect timeout (5 s):
@@ -852,7 +857,10 @@ fn a_partition_heals_through_the_audit() {
     );
     for r in all {
         assert_eq!(
-            metric(r, "rserpool_registrar_enrp_takeovers_total{outcome=\"won\"}"),
+            metric(
+                r,
+                "rserpool_registrar_enrp_takeovers_total{outcome=\"won\"}"
+            ),
             0,
             "nothing was taken over"
         );
