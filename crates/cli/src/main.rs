@@ -12,8 +12,10 @@ macro_rules! outln {
 }
 
 mod bench;
+mod csp;
 mod decode;
 mod demo;
+mod monitor;
 mod pe;
 mod pu;
 mod registrar;
@@ -54,6 +56,8 @@ enum Command {
     Pe(Box<pe::PeArgs>),
     /// Use a pool: lines to an echo pool, or the pingpong/calcapp client, with failover.
     Pu(Box<pu::PuArgs>),
+    /// Watch registrars, pools, PEs and sessions live: status endpoints and CSP reports.
+    Monitor(Box<monitor::MonitorArgs>),
 }
 
 /// Writes one line to stdout; on a closed pipe exits with success and without a word, on any
@@ -160,6 +164,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Pe(args) => pe::run(*args),
         Command::Pu(args) => pu::run(*args),
+        Command::Monitor(args) => monitor::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -115,6 +115,14 @@ pub struct PeArgs {
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (and /healthz).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// Send Component Status Protocol reports to this monitor (UDP; port 2960 when left out;
+    /// RSPLIB's `-cspserver`). Alone, reports go every 250 ms.
+    #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
+    pub csp_server: Option<String>,
+    /// Time between CSP reports, e.g. "1s", or milliseconds as `-cspinterval` takes them.
+    /// Alone, reports go to 127.0.0.1:2960. [default: off; 250ms with --csp-server]
+    #[arg(long, value_name = "DURATION", env = "CSP_INTERVAL")]
+    pub csp_interval: Option<crate::units::DurationValue>,
     /// The services' settings (file only, the `[service-config]` table).
     #[arg(skip)]
     #[serde(skip)]
@@ -304,7 +312,9 @@ impl PeArgs {
             max_cookie_size,
             max_message_size,
             cookie_key_file,
-            metrics
+            metrics,
+            csp_server,
+            csp_interval
         );
         if self.registrar.is_empty() {
             self.registrar = file.registrar;
@@ -316,9 +326,15 @@ impl PeArgs {
     }
 }
 
-/// Counters of a running PE, for `/metrics`.
+/// Counters of a running PE, for `/metrics` and CSP reports.
 #[derive(Default)]
 struct PeMetrics {
+    id: PoolElementId,
+    pool: String,
+    /// The home registrar and since when this PE is registered.
+    home: Option<(rserpool_wire::RegistrarId, std::time::Instant)>,
+    /// The registered load, where the policy uses one.
+    load: Option<f64>,
     registered: bool,
     registrations: u64,
     keep_alives: u64,
@@ -331,6 +347,14 @@ impl PeMetrics {
     fn render(&self) -> String {
         let s = &self.server;
         let mut o = String::new();
+        let label = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
+        o.push_str(&format!(
+            "# HELP rserpool_pe_info This PE: its identifier, pool, home registrar and registered load.\n# TYPE rserpool_pe_info gauge\nrserpool_pe_info{{id=\"{}\",pool=\"{}\",home=\"{}\",load=\"{}\"}} 1\n",
+            self.id,
+            label(&self.pool),
+            self.home.filter(|(h, _)| h.0 != 0).map(|(h, _)| h.to_string()).unwrap_or_default(),
+            self.load.map(|l| format!("{:.0}%", l * 100.0)).unwrap_or_else(|| "-".into())
+        ));
         let mut line = |name: &str, help: &str, kind: &str, v: u64| {
             o.push_str(&format!(
                 "# HELP rserpool_pe_{name} {help}\n# TYPE rserpool_pe_{name} {kind}\nrserpool_pe_{name} {v}\n"
@@ -515,6 +539,7 @@ pub fn run(args: PeArgs) -> Result<()> {
         bail!("rereg-interval: must be at least 10ms");
     }
     let announce = announce_group(a.asap_announce.as_deref())?;
+    let csp = crate::csp::config(a.csp_server.as_deref(), a.csp_interval)?;
     let mut registrars = a.registrar.clone();
     if registrars.is_empty() && announce.is_none() {
         registrars.push("127.0.0.1:3863".parse()?);
@@ -604,7 +629,28 @@ pub fn run(args: PeArgs) -> Result<()> {
             server.kind(),
             registrars
         );
-        let metrics = Arc::new(Mutex::new(PeMetrics::default()));
+        let metrics = Arc::new(Mutex::new(PeMetrics {
+            id,
+            pool: pool.to_string(),
+            ..PeMetrics::default()
+        }));
+        let reporter = csp.map(|c| {
+            let metrics = metrics.clone();
+            let (pool, protocol) = (pool.clone(), crate::csp::protocol(server.kind()));
+            let location = crate::csp::location(&[SocketAddr::new(ip, bound.port())]);
+            crate::csp::Reporter::start(c, location, move || {
+                let m = metrics.lock();
+                let m = m.as_deref().ok();
+                crate::csp::pool_element_snapshot(
+                    id,
+                    &pool,
+                    m.and_then(|m| m.home).map(|(h, since)| (h, since.elapsed())),
+                    m.map_or(0, |m| m.server.active),
+                    m.and_then(|m| m.load),
+                    protocol,
+                )
+            })
+        });
         if let Some(m) = a.metrics {
             let listener = tokio::net::TcpListener::bind(m)
                 .await
@@ -671,6 +717,14 @@ pub fn run(args: PeArgs) -> Result<()> {
                         }
                     }
                     if let Ok(mut m) = metrics.lock() {
+                        // Registered since when, at which home (0 until a keep-alive names it).
+                        let home = st.home.unwrap_or_default();
+                        m.home = match (st.registered, m.home) {
+                            (false, _) => None,
+                            (true, Some((old, since))) if old == home || old.0 == 0 => Some((home, since)),
+                            (true, _) => Some((home, std::time::Instant::now())),
+                        };
+                        m.load = registered_load.map(|l| f64::from(l) / f64::from(u32::MAX));
                         m.registered = st.registered;
                         m.registrations = st.registrations;
                         m.keep_alives = st.keep_alives;
@@ -680,6 +734,9 @@ pub fn run(args: PeArgs) -> Result<()> {
                     }
                 }
             }
+        }
+        if let Some(r) = reporter {
+            r.finish().await;
         }
         println!("PE {id} stopping: deregistering");
         tokio::time::timeout(Duration::from_secs(5), pe.deregister())

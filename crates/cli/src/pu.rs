@@ -86,6 +86,14 @@ pub struct PuArgs {
     /// time from a PE's crash to the next reply.
     #[arg(long)]
     pub timestamps: Option<bool>,
+    /// Send Component Status Protocol reports to this monitor while the session runs (UDP;
+    /// port 2960 when left out; RSPLIB's `-cspserver`). Alone, reports go every 250 ms.
+    #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
+    pub csp_server: Option<String>,
+    /// Time between CSP reports, e.g. "1s", or milliseconds as `-cspinterval` takes them.
+    /// Alone, reports go to 127.0.0.1:2960. [default: off; 250ms with --csp-server]
+    #[arg(long, value_name = "DURATION", env = "CSP_INTERVAL")]
+    pub csp_interval: Option<crate::units::DurationValue>,
     /// The clients' settings (file only).
     #[arg(skip)]
     #[serde(skip)]
@@ -126,7 +134,9 @@ impl PuArgs {
             stale_cache,
             max_cookie_size,
             quiet,
-            timestamps
+            timestamps,
+            csp_server,
+            csp_interval
         );
         if self.registrar.is_empty() {
             self.registrar = file.registrar;
@@ -284,6 +294,7 @@ pub fn run(args: PuArgs) -> Result<()> {
         stale_cache: a.stale_cache.unwrap_or(Duration::ZERO),
         ..ResolverConfig::default()
     };
+    let csp = crate::csp::config(a.csp_server.as_deref(), a.csp_interval)?;
     let quiet = a.quiet.unwrap_or(false);
     let timestamps = a.timestamps.unwrap_or(false);
     let count = a.count;
@@ -302,11 +313,15 @@ pub fn run(args: PuArgs) -> Result<()> {
             "session to pool {pool}: bound to PE {}",
             session.opened_pe()
         );
+        let reporter = csp.map(|c| pool_user_reporter(c, &session, pool.clone(), kind, transport));
         let result = if kind.has_client() {
             run_client(session, kind, &service_config, quiet, timestamps).await
         } else {
             run_lines(session, kind, count, quiet).await
         };
+        if let Some(r) = reporter {
+            r.finish().await;
+        }
         match result {
             Ok(snapshot) => {
                 eprintln!("{}", summary(&snapshot));
@@ -319,6 +334,49 @@ pub fn run(args: PuArgs) -> Result<()> {
             }
             Err(e) => Err(e),
         }
+    })
+}
+
+/// CSP reports of this pool user: a random ID, the pool, the PE it uses now and since when.
+fn pool_user_reporter(
+    c: crate::csp::CspConfig,
+    session: &SessionHandle,
+    pool: PoolHandle,
+    kind: ServiceKind,
+    transport: TransportChoice,
+) -> crate::csp::Reporter {
+    let snapshots = session.snapshots();
+    let object = crate::csp::random_u64();
+    let protocol = match transport {
+        TransportChoice::Sctp => rserpool_wire::csp::PROTOCOL_SCTP,
+        TransportChoice::Tcp => rserpool_wire::csp::PROTOCOL_TCP,
+        _ if rserpool_transport::sctp_available().is_ok() => rserpool_wire::csp::PROTOCOL_SCTP,
+        _ => rserpool_wire::csp::PROTOCOL_TCP,
+    };
+    let mut since: Option<(rserpool_wire::PoolElementId, Instant)> = None;
+    crate::csp::Reporter::start(c, crate::csp::location(&[]), move || {
+        let s = snapshots.borrow().clone();
+        since = match (s.current_pe, since) {
+            (Some(pe), Some((old, t))) if pe == old => Some((pe, t)),
+            (Some(pe), _) => Some((pe, Instant::now())),
+            (None, _) => None,
+        };
+        let ended = match &s.receipt.outcome {
+            Some(rserpool_endpoint::session::Outcome::Closed) => Some("closed".to_string()),
+            Some(rserpool_endpoint::session::Outcome::Failed { reason }) => {
+                Some(format!("failed: {reason}"))
+            }
+            None => None,
+        };
+        crate::csp::pool_user_snapshot(
+            object,
+            &pool,
+            since.map(|(pe, t)| (pe, t.elapsed())),
+            s.stats.failovers,
+            ended.as_deref(),
+            protocol,
+            kind.ppid().unwrap_or(0),
+        )
     })
 }
 

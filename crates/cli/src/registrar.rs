@@ -147,6 +147,14 @@ pub struct RegistrarArgs {
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// Send Component Status Protocol reports to this monitor (UDP; port 2960 when left out;
+    /// rspregistrar's `-cspserver`). Alone, reports go every 250 ms.
+    #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
+    pub csp_server: Option<String>,
+    /// Time between CSP reports, e.g. "1s", or milliseconds as `-cspinterval` takes them.
+    /// Alone, reports go to 127.0.0.1:2960. [default: off; 250ms with --csp-server]
+    #[arg(long, value_name = "DURATION", env = "CSP_INTERVAL")]
+    pub csp_interval: Option<DurationValue>,
     /// Seed for the registrar's random numbers (reproducible runs). [default: from the OS]
     #[arg(long)]
     pub seed: Option<u64>,
@@ -302,6 +310,8 @@ impl RegistrarArgs {
             max_held_answers,
             enforce_registration_life,
             metrics,
+            csp_server,
+            csp_interval,
             seed,
             enrp_announce,
             peer_heartbeat_cycle,
@@ -736,9 +746,16 @@ fn join(addrs: &[SocketAddr]) -> String {
 /// Runs the registrar until SIGINT or SIGTERM.
 pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
     let check = args.check;
+    let mut args = args.merged()?;
+    args.config = None;
+    let csp = crate::csp::config(args.csp_server.as_deref(), args.csp_interval)?;
     let config = args.into_config()?;
     if check {
         outln!("{}", summary(&config));
+        outln!(
+            "CSP reports: {}",
+            csp.map_or_else(|| "off".to_string(), |c| c.to_string())
+        );
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -761,10 +778,19 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let serve = run(config, started_tx, crate::shutdown_signal());
         tokio::pin!(serve);
+        let mut reporter = None;
         tokio::select! {
             r = &mut serve => return r.context("registrar"),
             started = started_rx => {
                 if let Ok(s) = started {
+                    if let Some(c) = csp {
+                        let (id, metrics) = (s.registrar_id, s.metrics.clone());
+                        let protocol = crate::csp::protocol(s.transport);
+                        reporter = Some(crate::csp::Reporter::start(c, crate::csp::location(&s.asap_addrs), move || {
+                            let m = metrics.lock().map(|m| m.clone()).unwrap_or_default();
+                            crate::csp::registrar_snapshot(id, &m, protocol)
+                        }));
+                    }
                     outln!(
                         "registrar {} serving ASAP over {}{tls} on {} ({}; {}){}{}",
                         s.registrar_id,
@@ -798,7 +824,11 @@ pub fn run_registrar(args: RegistrarArgs) -> Result<()> {
                 }
             }
         }
-        serve.await.context("registrar")
+        let r = serve.await.context("registrar");
+        if let Some(reporter) = reporter {
+            reporter.finish().await;
+        }
+        r
     })
 }
 
@@ -885,6 +915,36 @@ mod tests {
         assert_eq!(c.core.min_address_scope, AddressScope::Loopback);
         assert!(c.core.announce.is_none());
         assert_eq!(c.max_held_answers, 64);
+    }
+
+    #[test]
+    fn csp_reporting_from_flags_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registrar.toml");
+        std::fs::write(
+            &path,
+            "csp-server = \"127.0.0.1:4000\"\ncsp-interval = \"2s\"\n",
+        )
+        .unwrap();
+        let a = parse(&["--config", path.to_str().unwrap()])
+            .merged()
+            .unwrap();
+        let c = crate::csp::config(a.csp_server.as_deref(), a.csp_interval)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.server, "127.0.0.1:4000".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.interval, Duration::from_secs(2));
+        let a = parse(&["--config", path.to_str().unwrap(), "--csp-interval", "500"])
+            .merged()
+            .unwrap();
+        let c = crate::csp::config(a.csp_server.as_deref(), a.csp_interval)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            c.interval,
+            Duration::from_millis(500),
+            "flags win; bare numbers are ms"
+        );
     }
 
     #[test]

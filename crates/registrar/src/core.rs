@@ -372,7 +372,10 @@ impl Registrar {
             associations: FxHashMap::default(),
             transmits: Outgoing::default(),
             events: VecDeque::new(),
-            metrics: Metrics::default(),
+            metrics: Metrics {
+                registrar_id: id,
+                ..Metrics::default()
+            },
             next_announce,
             enrp_peers: 0,
             selection: Selection::default(),

@@ -266,6 +266,10 @@ pub async fn run(
     // The driver only logs resolution reports, at debug: without those logs nobody reads them.
     core_config.report_resolutions &= tracing::enabled!(tracing::Level::DEBUG);
     let mut core = Registrar::new(core_config, now());
+    if let Ok(mut shared) = shared_metrics.lock() {
+        // The identifier, before the first step.
+        shared.registrar_id = core.metrics().registrar_id;
+    }
     let mut enrp = match config.enrp.take() {
         Some(c) => {
             let mut ep = config.endpoint.clone();

@@ -129,6 +129,9 @@ impl std::fmt::Display for SecurityRefusal {
 /// Counters (monotonic) and gauges (current values) of a registrar.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Metrics {
+    /// The registrar's identifier (rendered as `rserpool_registrar_info{id="$…"}`, so that a
+    /// monitor can tell registrars apart).
+    pub registrar_id: rserpool_wire::RegistrarId,
     /// New PEs accepted.
     pub registrations: u64,
     /// Re-registrations of known PEs accepted.
@@ -252,6 +255,11 @@ impl Metrics {
     /// The metrics in the Prometheus text exposition format.
     pub fn render_prometheus(&self) -> String {
         let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP rserpool_registrar_info The registrar's identifier.\n# TYPE rserpool_registrar_info gauge\nrserpool_registrar_info{{id=\"{}\"}} 1",
+            self.registrar_id
+        );
         let mut counter = |name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP rserpool_registrar_{name} {help}");
             let _ = writeln!(out, "# TYPE rserpool_registrar_{name} counter");

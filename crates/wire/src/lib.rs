@@ -22,6 +22,7 @@ pub mod asap;
 pub mod capture;
 mod codec;
 mod config;
+pub mod csp;
 pub mod enrp;
 mod error;
 mod message;

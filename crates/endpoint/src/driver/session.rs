@@ -308,6 +308,12 @@ impl SessionHandle {
         self.snapshot.borrow().clone()
     }
 
+    /// The receipts and counters as they change, for a watcher beside the session's owner
+    /// (status reports).
+    pub fn snapshots(&self) -> watch::Receiver<SessionSnapshot> {
+        self.snapshot.clone()
+    }
+
     /// Closes the session gracefully and returns its final receipts.
     pub async fn close(mut self) -> SessionSnapshot {
         let (tx, rx) = oneshot::channel();
