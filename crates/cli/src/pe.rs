@@ -87,7 +87,7 @@ pub struct PeArgs {
     pub identifier: Option<u32>,
     /// Re-registration interval (rspserver `-rereginterval`); the registration life is three
     /// times it. [default: 30s]
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::duration_arg)]
     #[serde(default, with = "humantime_serde")]
     pub rereg_interval: Option<Duration>,
     /// Send an ASAP_BUSINESS_CARD (RFC 5352 §3.9) to each new session: the other PEs of the
@@ -95,7 +95,7 @@ pub struct PeArgs {
     #[arg(long)]
     pub business_card: Option<bool>,
     /// How often the business card's PEs are resolved again. [default: 5s]
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::duration_arg)]
     #[serde(default, with = "humantime_serde")]
     pub business_card_refresh: Option<Duration>,
     /// Most sessions at once; more are refused. [default: 1024]
@@ -141,12 +141,6 @@ pub(crate) fn parse_id(s: &str) -> Result<u32, String> {
         None => (s, 10),
     };
     u32::from_str_radix(digits, radix).map_err(|e| format!("identifier {s:?}: {e}"))
-}
-
-/// Parses a duration with a unit (`250ms`, `5s`, `1m30s`).
-pub(crate) fn parse_duration_arg(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration with a unit like 500ms or 5s: {e}"))
 }
 
 /// Parses `auto|sctp|tcp`.

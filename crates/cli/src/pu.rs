@@ -5,7 +5,7 @@
 //! stderr (from which PE to which, why, with or without a cookie), and the session's receipts
 //! (selected, bound, reached, failovers, outcome) are summed up at the end.
 
-use crate::pe::{parse_duration_arg, service_kind, transport_choice};
+use crate::pe::{service_kind, transport_choice};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rserpool_endpoint::driver::{PoolUserClient, RegistrarAccess, SessionHandle, SessionSnapshot};
@@ -51,29 +51,29 @@ pub struct PuArgs {
     #[arg(long)]
     pub count: Option<u64>,
     /// pingpong: time between Pings (pingpongclient `-interval`). [default: 500ms]
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::duration_arg)]
     #[serde(default, with = "humantime_serde")]
     pub interval: Option<Duration>,
     /// Fail over when data was sent and nothing came back for this long (echo; the services
     /// have their own timeouts). [default: 5s for echo, off otherwise]
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::duration_arg)]
     #[serde(default, with = "humantime_serde")]
     pub answer_timeout: Option<Duration>,
     /// Connection attempts for one open or one failover before giving up. [default: 5]
     #[arg(long)]
     pub max_attempts: Option<u32>,
     /// How long connecting to a PE (or resolving) may take. [default: 5s]
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::duration_arg)]
     #[serde(default, with = "humantime_serde")]
     pub connect_timeout: Option<Duration>,
     /// Pause before a new resolution after a failed attempt, doubled each time. [default:
     /// 100ms]
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::duration_arg)]
     #[serde(default, with = "humantime_serde")]
     pub backoff: Option<Duration>,
     /// Serve handle resolutions from the cache for this long (the stale cache value).
     /// [default: 0s]
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::duration_arg)]
     #[serde(default, with = "humantime_serde")]
     pub stale_cache: Option<Duration>,
     /// Largest cookie kept, in bytes. [default: 65536]

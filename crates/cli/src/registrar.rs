@@ -2,7 +2,7 @@
 //! `rspregistrar` option where one exists) and a key of the TOML file given with `--config`;
 //! flags win over the file, the file over the profile's defaults.
 
-use crate::units::{human, DurationValue};
+use crate::units::{human, positive_duration, DurationValue};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rserpool_registrar::driver::{run, DriverConfig};
@@ -224,20 +224,6 @@ pub struct RegistrarArgs {
     pub tls_file: Option<crate::tls::TlsFile>,
 }
 
-/// A duration as "2.444s", "500ms", "1m" (humantime) or plain milliseconds (as rspregistrar's
-/// options take them).
-fn duration(name: &str, v: &str) -> Result<Duration> {
-    let d = match v.trim().parse::<u64>() {
-        Ok(ms) => Duration::from_millis(ms),
-        Err(_) => humantime::parse_duration(v.trim())
-            .map_err(|e| anyhow::anyhow!("{name}: {v:?} is not a duration: {e}"))?,
-    };
-    if d.is_zero() {
-        bail!("{name}: must be longer than 0");
-    }
-    Ok(d)
-}
-
 /// `ADDR[:PORT]` with ENRP's port 9901 by default.
 fn peer_address(v: &str) -> Result<SocketAddr> {
     if let Ok(a) = v.parse::<SocketAddr>() {
@@ -436,23 +422,13 @@ impl RegistrarArgs {
             core.max_pending_claims = n;
         }
         if let Some(s) = a.ownership_probe_timeout.as_deref() {
-            let d = humantime::parse_duration(s)
-                .map_err(|e| anyhow::anyhow!("ownership-probe-timeout: {s:?}: {e}"))?;
-            if d.is_zero() {
-                bail!("ownership-probe-timeout: must be longer than 0");
-            }
-            core.ownership_probe_timeout = d;
+            core.ownership_probe_timeout = positive_duration("ownership-probe-timeout", s)?;
         }
         if let Some(n) = a.max_unreachable_probes {
             core.max_unreachable_probes = n;
         }
         if let Some(s) = a.unreachable_probe_interval.as_deref() {
-            let d = humantime::parse_duration(s)
-                .map_err(|e| anyhow::anyhow!("unreachable-probe-interval: {s:?}: {e}"))?;
-            if d.is_zero() {
-                bail!("unreachable-probe-interval: must be longer than 0");
-            }
-            core.unreachable_probe_interval = d;
+            core.unreachable_probe_interval = positive_duration("unreachable-probe-interval", s)?;
         }
         if let Some(s) = a.min_address_scope.as_deref() {
             core.min_address_scope = match s {
@@ -562,7 +538,7 @@ impl RegistrarArgs {
                 .collect::<Result<_>>()?;
             let set = |name: &str, v: &Option<String>, slot: &mut Duration| -> Result<()> {
                 if let Some(v) = v {
-                    *slot = duration(name, v)?;
+                    *slot = positive_duration(name, v)?;
                 }
                 Ok(())
             };

@@ -8,7 +8,6 @@ use rserpool_registrar::access::{AccessRules, IdentityPattern, PoolPattern, Regi
 use rserpool_transport::TlsSettings;
 use serde::Deserialize;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// TLS on the TCP mapping (rustls; mutual authentication with certificates from PEM files).
 /// Giving any of these turns TLS on; `--tls-ca` is then required. TLS runs over the TCP
@@ -34,16 +33,6 @@ pub struct TlsArgs {
     /// Longest a TLS handshake may take, e.g. `5s`, `500ms`. [default: 5s]
     #[arg(long, value_name = "DURATION")]
     pub tls_handshake_timeout: Option<String>,
-}
-
-/// A duration as people write it (`5s`, `1m 30s`, `250ms`); errors name the option.
-pub fn duration(option: &str, text: &str) -> Result<Duration> {
-    let d = humantime::parse_duration(text)
-        .with_context(|| format!("{option}: {text:?} is not a duration (e.g. 5s, 500ms)"))?;
-    if d.is_zero() {
-        bail!("{option}: must be more than 0");
-    }
-    Ok(d)
 }
 
 impl TlsArgs {
@@ -74,7 +63,7 @@ impl TlsArgs {
         }
         s.server_name = self.tls_server_name.clone();
         if let Some(t) = &self.tls_handshake_timeout {
-            s.handshake_timeout = duration("--tls-handshake-timeout", t)?;
+            s.handshake_timeout = crate::units::positive_duration("--tls-handshake-timeout", t)?;
         }
         Ok(Some(s))
     }

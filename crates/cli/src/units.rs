@@ -29,6 +29,26 @@ impl DurationValue {
     }
 }
 
+/// A duration longer than zero for the option `name`, from a flag or a key: units or bare
+/// milliseconds (as rspregistrar's options take them). The one parser of every command; its
+/// errors name the option.
+pub fn positive_duration(name: &str, text: &str) -> anyhow::Result<Duration> {
+    let d = text
+        .parse::<DurationValue>()
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?
+        .duration;
+    if d.is_zero() {
+        anyhow::bail!("{name}: must be longer than 0");
+    }
+    Ok(d)
+}
+
+/// [`positive_duration`] as a clap value parser (the option's name is in clap's message).
+pub fn duration_arg(text: &str) -> Result<Duration, String> {
+    positive_duration("duration", text)
+        .map_err(|e| e.to_string().trim_start_matches("duration: ").to_string())
+}
+
 /// A duration as people write it ("5s", "1m 30s", "250ms").
 pub fn human(d: Duration) -> String {
     if d.is_zero() {
@@ -112,5 +132,30 @@ mod tests {
         assert!("-5s".parse::<DurationValue>().is_err());
         assert_eq!(human(Duration::from_secs(7440)), "2h 4m");
         assert_eq!(human(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn one_parser_names_the_option_and_refuses_zero() {
+        assert_eq!(
+            positive_duration("peer-heartbeat-cycle", "2.444s").unwrap(),
+            Duration::from_millis(2444)
+        );
+        assert_eq!(
+            positive_duration("peer-heartbeat-cycle", "2444").unwrap(),
+            Duration::from_millis(2444)
+        );
+        let e = positive_duration("ownership-probe-timeout", "0s").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ownership-probe-timeout: must be longer than 0"
+        );
+        let e = positive_duration("--tls-handshake-timeout", "soon").unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("--tls-handshake-timeout: \"soon\" is not a duration"));
+        assert_eq!(duration_arg("250ms"), Ok(Duration::from_millis(250)));
+        assert!(duration_arg("0")
+            .unwrap_err()
+            .contains("must be longer than 0"));
     }
 }
