@@ -139,7 +139,7 @@ fn main() -> ExitCode {
     let daemon = match &cli.command {
         Command::Registrar(a) => !a.check,
         Command::Lsnat(a) => !a.check,
-        Command::Pe(_) => true,
+        Command::Pe(a) => !a.check,
         _ => false,
     };
     let log = cli

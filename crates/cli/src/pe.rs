@@ -39,6 +39,10 @@ pub struct PeArgs {
     #[arg(long, short = 'c', value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+    /// Check the configuration (file and flags), print the settings and exit without starting.
+    #[arg(long)]
+    #[serde(skip)]
+    pub check: bool,
     /// The service: echo, discard, daytime, chargen, pingpong, calcapp (RSPLIB's `-echo`, ...).
     /// [default: echo]
     #[arg(long)]
@@ -560,6 +564,22 @@ pub fn run(args: PeArgs) -> Result<()> {
         user_ep.limits.max_message_size = n;
     }
     user_ep.limits.max_associations = server_config.max_sessions + 16;
+    if a.check {
+        println!(
+            "configuration ok\nservice: {} in pool {pool}, policy {policy:?}\ntransport: {}, users at {}\nregistrars: {}{}\nre-registration every {}\nlimits: {} sessions, cookies up to {} bytes, messages up to {} bytes\nmetrics: {}",
+            kind.name(),
+            a.transport.as_deref().unwrap_or("auto"),
+            a.local.map_or("0.0.0.0:0".to_string(), |l| l.to_string()),
+            if registrars.is_empty() { "none".to_string() } else { format!("{registrars:?}") },
+            if announce.is_some() { " and those announced" } else { "" },
+            crate::units::human(rereg),
+            server_config.max_sessions,
+            server_config.max_cookie_size,
+            user_ep.limits.max_message_size,
+            a.metrics.map_or("off".to_string(), |m| format!("http://{m}/metrics")),
+        );
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

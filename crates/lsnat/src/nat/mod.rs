@@ -112,9 +112,8 @@ pub fn prepare(config: &Config) -> Result<Prepared, String> {
             }
         }
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not running as root (programming nftables and reading conntrack events need CAP_NET_ADMIN)".into());
+    if !has_net_admin() {
+        return Err("without CAP_NET_ADMIN (programming nftables and reading conntrack events need it: run as root or give the capability, e.g. AmbientCapabilities=CAP_NET_ADMIN in a systemd unit)".into());
     }
     let settings = table_settings(config);
     apply(&config.nat.nft, &plan::fresh_table(&settings))
@@ -894,5 +893,39 @@ mod tests {
             by_name(LoadSharePolicy::RoundRobin),
             "kernel-map:round-robin"
         );
+    }
+}
+
+/// Whether this process holds CAP_NET_ADMIN in its effective set (root has it; so has a
+/// service given the capability without being root).
+fn has_net_admin() -> bool {
+    const CAP_NET_ADMIN: u32 = 12;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| effective_capabilities(&s))
+        .is_some_and(|caps| caps & (1 << CAP_NET_ADMIN) != 0)
+}
+
+/// The `CapEff` mask of a `/proc/PID/status` text.
+fn effective_capabilities(status: &str) -> Option<u64> {
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod capability_tests {
+    use super::effective_capabilities;
+
+    #[test]
+    fn the_effective_set_is_read_from_proc_status() {
+        let root = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(effective_capabilities(root), Some(0x1ff_ffff_ffff));
+        let net_admin_only = "CapEff:\t0000000000001000\n";
+        assert_eq!(effective_capabilities(net_admin_only), Some(1 << 12));
+        assert_eq!(effective_capabilities("CapEff:\tzz\n"), None);
+        assert_eq!(effective_capabilities("Name:\tx\n"), None);
     }
 }
