@@ -177,6 +177,8 @@ pub struct Session {
     me: RegistrarId,
     codec: Codec,
     max_pool_elements: usize,
+    /// Our ENRP transport, for our Server Information (RSPLIB refuses a PRESENCE without one).
+    local: Option<TransportAddress>,
     dump: Dump,
     count: usize,
     done: bool,
@@ -190,6 +192,7 @@ impl Session {
             me,
             codec: Codec::new(codec),
             max_pool_elements,
+            local: None,
             dump: Dump::default(),
             count: 0,
             done: false,
@@ -200,7 +203,8 @@ impl Session {
     /// The association is up: PRESENCE with our (empty) checksum and Server Information,
     /// LIST_REQUEST, HANDLE_TABLE_REQUEST (W=0), in that order, as `hsdump` sends them.
     pub fn start(&mut self, local: Option<TransportAddress>) {
-        self.presence(true, local);
+        self.local = local;
+        self.presence(true);
         self.send(EnrpMessage::ListRequest(enrp::ListRequest {
             peers: self.ids(),
         }));
@@ -214,7 +218,7 @@ impl Session {
         }
     }
 
-    fn presence(&mut self, reply_required: bool, local: Option<TransportAddress>) {
+    fn presence(&mut self, reply_required: bool) {
         self.send(EnrpMessage::Presence(enrp::Presence {
             peers: self.ids(),
             reply_required,
@@ -223,7 +227,7 @@ impl Session {
                 [],
                 rserpool_handlespace::ChecksumFlavor::Rsplib,
             ),
-            server_information: local.map(|transport| ServerInformation {
+            server_information: self.local.clone().map(|transport| ServerInformation {
                 server_id: self.me,
                 transport,
             }),
@@ -285,7 +289,7 @@ impl Session {
                     }
                 }
                 if p.reply_required {
-                    self.presence(false, None);
+                    self.presence(false);
                 }
             }
             EnrpMessage::HandleTableResponse(r) => {
@@ -1049,6 +1053,27 @@ mod tests {
         )));
         assert_eq!(f.exchange(&mut s), Ok(true));
         assert_eq!(f.enrp.peer_ids(), vec![RegistrarId(0xd00d)]);
+        // Every PRESENCE of ours, the answer to the registrar's R=1 too, carries our Server
+        // Information (RSPLIB answers one without it with ENRP_ERROR).
+        let presence = from_registrar(EnrpMessage::Presence(enrp::Presence {
+            peers: peers(),
+            reply_required: true,
+            checksum: PeChecksum(0xffff),
+            server_information: None,
+        }));
+        assert_eq!(s.message(&presence), Ok(true));
+        let reply = Codec::default()
+            .decode::<EnrpMessage>(&s.poll_transmit().unwrap())
+            .unwrap()
+            .message;
+        let EnrpMessage::Presence(reply) = reply else {
+            panic!("{reply}")
+        };
+        assert!(!reply.reply_required);
+        assert_eq!(
+            reply.server_information.map(|i| i.transport.port),
+            Some(40_001)
+        );
         let d = s.into_dump();
         assert_eq!(d.registrar, Some(RegistrarId(0x1001)));
         assert_eq!(d.pool_element_count(), 300);
