@@ -119,7 +119,9 @@ responses=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tot
 say "step 5 ok: 303 PEs dumped in $responses HANDLE_TABLE_RESPONSEs (M=1 followed), announced checksum = computed"
 
 kept=$(grep -ciF "\$$DUMP_ID" "$W/hsdump.txt" || true)
-say "step 6: $(( t_hsdump - t_dump )) s after the dump left, rspregistrar still lists its peer entry \$$DUMP_ID ${kept} time(s) in hsdump's view (RSPLIB keeps a peer until -peermaxtimelastheard + -peermaxtimenoresponse, here 15 s + 6 s)"
+if [ "$kept" -gt 0 ]; then kept_text="still listed the dump's peer entry \$$DUMP_ID"
+else kept_text="no longer listed the dump's peer entry \$$DUMP_ID"; fi
+say "step 6: $(( t_hsdump - t_dump )) s after the dump left, rspregistrar $kept_text in hsdump's view (RSPLIB keeps a peer until -peermaxtimelastheard + -peermaxtimenoresponse, here 15 s + 6 s)"
 
 rc=0
 "$RSERPOOL_BIN" dump --transport sctp --timeout 20s $SL:5599 > "$W/unreachable.txt" \

@@ -393,7 +393,7 @@ impl Session {
     }
 }
 
-/// The registrar's addresses: ADDR:PORT, ADDR (port 9901), [IPv6] or [IPv6]:PORT, HOST[:PORT].
+/// The registrar's addresses: `ADDR:PORT`, `ADDR` (port 9901), `[IPv6]` or `[IPv6]:PORT`, `HOST[:PORT]`.
 pub fn registrar_addresses(text: &str) -> Result<Vec<SocketAddr>> {
     let t = text.trim();
     if let Ok(a) = t.parse::<SocketAddr>() {
@@ -543,6 +543,7 @@ async fn read_table(
     max_pool_elements: usize,
     timeout: Duration,
 ) -> Result<(Dump, TransportKind)> {
+    let tls_given = tls.is_some();
     let mut config = EndpointConfig::new(transport);
     config.tls = tls;
     config.limits.max_message_size = codec.max_message_size.max(64 * 1024);
@@ -608,8 +609,14 @@ async fn read_table(
                     }
                     other => anyhow::anyhow!(
                         "the registrar at {target} ended the association before the handle \
-                         table was complete ({other}; {})",
-                        progress(&session)
+                         table was complete ({other}; {}){}",
+                        progress(&session),
+                        if tls_given {
+                            "; a registrar with TLS refuses ENRP peers whose certificate its \
+                             rules do not allow (--tls-enrp-peer)"
+                        } else {
+                            ""
+                        }
                     ),
                 })
             }
