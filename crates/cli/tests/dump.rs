@@ -247,3 +247,54 @@ fn a_rejected_request_and_a_malformed_answer_are_named() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn dump_shows_each_pe_at_its_home_and_the_registrars_peer() {
+    let r1 = start(0x5101, None);
+    let r2 = start(0x5102, Some(r1.enrp));
+    wait_for("two peers", Duration::from_secs(60), || {
+        metric(&r1, "rserpool_registrar_enrp_peers") == 1
+            && metric(&r2, "rserpool_registrar_enrp_peers") == 1
+    });
+    let _at_1 = pes_in(&r1, "EchoPool", &[1]);
+    let _at_2 = pes_in(&r2, "EchoPool", &[2]);
+    wait_for("both PEs at r1", Duration::from_secs(60), || {
+        metric(&r1, "rserpool_registrar_pool_elements") == 2
+    });
+    let out = dump(&["--transport", "tcp", &r1.enrp.to_string()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let home = |pe: &str| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(pe))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(home("$00000001"), "$00005101", "{stdout}");
+    assert_eq!(home("$00000002"), "$00005102", "{stdout}");
+    assert!(
+        stdout.contains("Peers it knows: 1\n  $00005102 at {127.0.0.1}:"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  $00005101: 1 PE(s), checksum"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  $00005102: 1 PE(s), checksum"),
+        "{stdout}"
+    );
+    let doc = json(&r1);
+    assert_eq!(doc["peers"].as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc["peers"][0]["id"], 0x5102);
+    assert_eq!(doc["homes"].as_array().map(Vec::len), Some(2));
+    // The dumps leave; the registrars' real peering stays.
+    wait_for("r1 back to its one peer", Duration::from_secs(30), || {
+        metric(&r1, "rserpool_registrar_enrp_peers") == 1
+            && metric(&r1, "rserpool_registrar_enrp_peers_departed_total") == 2
+    });
+    assert_eq!(metric(&r2, "rserpool_registrar_enrp_peers"), 1);
+    assert_eq!(metric(&r1, "rserpool_registrar_enrp_peers_dead_total"), 0);
+}
