@@ -533,6 +533,9 @@ pub fn run(args: DumpArgs) -> Result<()> {
     Ok(())
 }
 
+/// How long the registrar's PRESENCE is awaited after the last part of its table.
+const PRESENCE_GRACE: Duration = Duration::from_secs(2);
+
 /// Connects, reads the whole table, closes the association gracefully.
 async fn read_table(
     addrs: &[SocketAddr],
@@ -562,10 +565,18 @@ async fn read_table(
         .with_context(|| format!("cannot reach the registrar at {target} over {kind}"))?;
     let mut session = Session::new(me, codec, max_pool_elements);
     let deadline = tokio::time::Instant::now() + timeout;
+    // Once the table is complete, how long the registrar's PRESENCE (its ID and checksum) is
+    // still awaited when it has not come yet (the answer to our R=1 may trail the table).
+    let mut grace: Option<tokio::time::Instant> = None;
     let outcome: Result<()> = loop {
-        let event = match tokio::time::timeout_at(deadline, endpoint.next_event()).await {
+        let until = grace.map_or(deadline, |g| g.min(deadline));
+        let event = match tokio::time::timeout_at(until, endpoint.next_event()).await {
             Ok(Some(e)) => e,
             Ok(None) => break Err(anyhow::anyhow!("the local endpoint closed")),
+            Err(_) if grace.is_some() => {
+                tracing::debug!("no PRESENCE from the registrar: its checksum stays unknown");
+                break Ok(());
+            }
             Err(_) => {
                 break Err(anyhow::anyhow!(
                     "no complete handle table from the registrar at {target} over {kind} within \
@@ -594,10 +605,16 @@ async fn read_table(
                     continue;
                 }
                 match session.message(&data) {
-                    Ok(true) => break Ok(()),
+                    Ok(true) if session.dump().announced_checksum.is_some() => break Ok(()),
+                    Ok(true) => {
+                        grace.get_or_insert(tokio::time::Instant::now() + PRESENCE_GRACE);
+                    }
                     Ok(false) => {}
                     Err(e) => break Err(anyhow::Error::new(e)),
                 }
+            }
+            Event::AssociationDown { id: down, .. } if down == id && grace.is_some() => {
+                break Ok(())
             }
             Event::AssociationDown { id: down, reason } if down == id => {
                 break Err(match reason {
