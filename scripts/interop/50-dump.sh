@@ -19,11 +19,11 @@
 #      (SCTP ABORT) and a nonzero status;
 #   7. rspregistrar's log shows no parse error and no ENRP_ERROR sent for any dump's message.
 #
-# The 300 PEs register before any dump: rspregistrar sends an ADD_PE HANDLE_UPDATE per
-# registration to every peer in its table, the departed dumps included (it keeps them for its
-# timers); 300 of them at once to dead addresses fill its ENRP socket's send buffer for a while,
-# and its answers to a dump in that window fail to go out ("Sending HandleTableResponse failed").
-# A dump retried after its timeout then succeeds; each attempt is logged.
+# The 300 PEs register before any dump. Registered after earlier dumps, they once made
+# rspregistrar fail to send every answer to the next dump ("Sending HandleTableResponse failed";
+# the errno is not logged at -loglevel=2): it sends an ADD_PE HANDLE_UPDATE per registration to
+# every peer in its table, the departed dumps included, most likely filling its ENRP socket's
+# send buffer for a while. A dump retried after its timeout succeeded; each attempt is logged.
 # A suite of 1-2 minutes in the VM (300 PEs registered over SCTP take most of it):
 # vm-timeout: 600
 SL=10.255.0.1
