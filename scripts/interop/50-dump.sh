@@ -63,7 +63,9 @@ attempt() {   # attempt NAME ARGS... -> $W/NAME.out, exit status of the dump
 tries=0
 dump_lists_all() {
     tries=$((tries + 1)); DUMP_ID=$(printf '5e5e0d%02x' $tries)
-    attempt table --server-id 0x$DUMP_ID --timeout 20s $SL:5421 || return 1
+    local rc=0
+    attempt table --server-id 0x$DUMP_ID --timeout 20s $SL:5421 || rc=$?
+    if [ "$rc" != 0 ]; then echo "      table: dump exit $rc" >> "$W/dumps.log"; return 1; fi
     for pe in "$pe1" "$pe2" "$pe3"; do grep -qF "$pe" "$W/table.out" || return 1; done
     grep -q "^Total: 3 pool(s), 303 PE(s)" "$W/table.out"
 }
@@ -86,9 +88,9 @@ grep -q "^Pool \"BulkPool\": 300 PE(s)" "$W/table.out" || fail "BulkPool: $(grep
 say "step 2 ok: rserpool dump of rspregistrar over SCTP ($(grep -c ': rserpool dump' "$W/dumps.log") attempt(s); BulkPool's rows left out here):"
 awk '/^Pool "BulkPool"/ {skip=1; print; next} /^$/ {skip=0} !skip' "$W/table.out" | sed 's/^/      /'
 
-json_matches() {
-    attempt json --json --timeout 30s --registrar $SL:5421 || return 1
-    python3 - "$W/json.out" "$B_ID" "$pe1" "$pe2" "$pe3" 2>> "$W/dumps.log" <<'EOF'
+# The JSON check, written once (a here-document inside a function whose output wait_for
+# throws away failed silently in the guest).
+cat > "$W/check-json.py" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 home = int(sys.argv[2], 16)
@@ -110,6 +112,12 @@ assert doc["totals"]["responses"] >= 3, doc["totals"]
 announced = doc["registrar"]["pe_checksum"]
 assert announced is None or announced == doc["homes"][0]["pe_checksum"], (announced, doc["homes"])
 EOF
+json_matches() {
+    local rc=0
+    attempt json --json --timeout 30s --registrar $SL:5421 || rc=$?
+    if [ "$rc" != 0 ]; then echo "      json: dump exit $rc" >> "$W/dumps.log"; return 1; fi
+    python3 "$W/check-json.py" "$W/json.out" "$B_ID" "$pe1" "$pe2" "$pe3" >> "$W/dumps.log" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then echo "      json: check exit $rc" >> "$W/dumps.log"; return 1; fi
 }
 wait_for 120 "rserpool dump --json to match" json_matches
 responses=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["totals"]["responses"])' "$W/json.out")
