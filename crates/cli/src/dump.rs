@@ -665,11 +665,6 @@ async fn read_table(
     Ok((session.into_dump(), kind))
 }
 
-/// `{127.0.0.1}:9901/TCP` etc.; opaque transports by size.
-fn transport_text(t: &UserTransport) -> String {
-    t.to_string()
-}
-
 fn life_text(l: &RegistrationLife) -> String {
     match l {
         RegistrationLife::Infinite => "infinite".into(),
@@ -735,7 +730,7 @@ fn print_table(d: &Dump, addr: &SocketAddr, kind: TransportKind) {
                     pe.home_registrar.to_string(),
                     pe.policy.to_string(),
                     life_text(&pe.registration_life),
-                    transport_text(&pe.user_transport),
+                    pe.user_transport.to_string(),
                     pe.asap_transport
                         .as_ref()
                         .map(|t| t.to_string())
