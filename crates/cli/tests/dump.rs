@@ -298,3 +298,56 @@ fn dump_shows_each_pe_at_its_home_and_the_registrars_peer() {
     assert_eq!(metric(&r2, "rserpool_registrar_enrp_peers"), 1);
     assert_eq!(metric(&r1, "rserpool_registrar_enrp_peers_dead_total"), 0);
 }
+
+/// The registrar's PRESENCE may trail its table: it is awaited briefly, and without it the dump
+/// still succeeds, saying the checksum is unknown.
+#[test]
+fn the_registrars_presence_is_awaited_after_the_table_but_not_required() {
+    let codec = Codec::default();
+    let peers = enrp::Peers {
+        sender: RegistrarId(0x77),
+        receiver: RegistrarId(0),
+    };
+    let table = frame(
+        12,
+        &codec
+            .encode(&EnrpMessage::HandleTableResponse(
+                enrp::HandleTableResponse {
+                    peers,
+                    reject: false,
+                    more_to_send: false,
+                    entries: Vec::new(),
+                },
+            ))
+            .unwrap(),
+    );
+    let presence = frame(
+        12,
+        &codec
+            .encode(&EnrpMessage::Presence(enrp::Presence {
+                peers,
+                reply_required: false,
+                checksum: rserpool_wire::PeChecksum(0xabcd),
+                server_information: None,
+            }))
+            .unwrap(),
+    );
+    let addr = fake_registrar([table.clone(), presence].concat());
+    let out = dump(&["--transport", "tcp", "--timeout", "20s", &addr.to_string()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.starts_with("Registrar $00000077 at ")
+            && stdout.contains("PE checksum 0xabcd announced"),
+        "{stdout}"
+    );
+    let addr = fake_registrar(table);
+    let out = dump(&["--transport", "tcp", "--timeout", "20s", &addr.to_string()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("PE checksum unknown (no PRESENCE received)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Total: 0 pool(s), 0 PE(s)"), "{stdout}");
+}
