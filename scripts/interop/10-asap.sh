@@ -28,7 +28,7 @@ removal_time() {   # removal_time PE_ID -> seconds since the epoch
     --endpoint-keep-alive-timeout-interval "${KA_TIMEOUT_MS}ms" --keep-alive-jitter 0 \
     --log info > "$W/registrar.log" 2>&1 &
 REG=$!; pids+=($REG)
-wait_for 30 "the registrar's metrics" curl -sf http://127.0.0.1:9100/healthz
+wait_for 60 "the registrar's metrics" curl -sf http://127.0.0.1:9100/healthz
 grep -q 'transport=SCTP\|over SCTP' "$W/registrar.log" || fail "the registrar does not serve over SCTP"
 say "step 1 ok: rserpool registrar serves ASAP over SCTP on 127.0.0.1:3863"
 

@@ -47,8 +47,8 @@ echo_through() {   # echo_through TAG LOGFILE: rspterminal's line must be echoed
 
 "$RSERPOOL_BIN" registrar --transport sctp --asap $REGISTRAR --asap-announce off \
     --metrics $METRICS --identifier 0x5ec5ec01 \
-    --endpoint-keep-alive-transmission-interval $KA_INTERVAL_MS \
-    --endpoint-keep-alive-timeout-interval $KA_TIMEOUT_MS --keep-alive-jitter 0 \
+    --endpoint-keep-alive-transmission-interval ${KA_INTERVAL_MS}ms \
+    --endpoint-keep-alive-timeout-interval ${KA_TIMEOUT_MS}ms --keep-alive-jitter 0 \
     --ownership-probe-timeout ${CLAIM_TIMEOUT_MS}ms \
     --max-associations-per-address 16 --max-hr-rate 100 --max-unreachable-probes 3 \
     --unreachable-probe-interval 5m --log info > "$W/registrar.log" 2>&1 &

@@ -62,10 +62,10 @@ completed() { nocolor < "$W/calcappclient.log" | grep -c 'completed:' || true; }
 completed_more_than() { [ "$(completed)" -gt "$1" ]; }
 
 "$RS" registrar --transport sctp --asap $REG --asap-announce off --metrics $METRICS \
-    --min-address-scope loopback --endpoint-keep-alive-transmission-interval 2000 \
-    --endpoint-keep-alive-timeout-interval 5000 --log info > "$W/registrar.log" 2>&1 &
+    --min-address-scope loopback --endpoint-keep-alive-transmission-interval 2s \
+    --endpoint-keep-alive-timeout-interval 5s --log info > "$W/registrar.log" 2>&1 &
 pids+=($!)
-wait_for 30 "the registrar's metrics" curl -sf "http://$METRICS/healthz"
+wait_for 60 "the registrar's metrics" curl -sf "http://$METRICS/healthz"
 say "step 1 ok: rserpool registrar serves ASAP over SCTP on $REG"
 
 # ---------------------------------------------------------------- 2: pingpongclient -> our PEs

@@ -41,17 +41,36 @@ pub fn start(id: u32, peer: Option<SocketAddr>) -> Registrar {
 }
 
 pub fn start_with(id: u32, peer: Option<SocketAddr>, extra: &[&str]) -> Registrar {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rserpool"));
+    start_at("127.0.0.1", None, id, peer, extra)
+}
+
+/// Starts a registrar on `ip`, inside the network namespace `netns` when given.
+pub fn start_at(
+    ip: &str,
+    netns: Option<&str>,
+    id: u32,
+    peer: Option<SocketAddr>,
+    extra: &[&str],
+) -> Registrar {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_rserpool")]);
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_rserpool")),
+    };
+    let any = format!("{ip}:0");
     cmd.args([
         "registrar",
         "--transport",
         "tcp",
         "--asap",
-        "127.0.0.1:0",
+        &any,
         "--enrp",
-        "127.0.0.1:0",
+        &any,
         "--metrics",
-        "127.0.0.1:0",
+        &any,
         "--asap-announce",
         "off",
         "--enrp-announce",
@@ -226,11 +245,31 @@ pub fn pe(home: &Registrar, pe_id: u32) -> Arc<Mutex<Vec<(RegistrarId, Instant)>
 
 /// Registers PEs in "EnrpPool" at `home` over one association, from a port it also listens on.
 pub fn pes(home: &Registrar, ids: &[u32]) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
-    pes_in(home, "EnrpPool", ids)
+    pes_at("127.0.0.1", home, "EnrpPool", ids)
 }
 
-/// Registers PEs in `pool` at `home` over one association, from a port it also listens on.
+/// Like [`pes`], with the PEs on the address `ip`.
+pub fn pes_from(
+    ip: &str,
+    home: &Registrar,
+    ids: &[u32],
+) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
+    pes_at(ip, home, "EnrpPool", ids)
+}
+
+/// Like [`pes`], in `pool`.
 pub fn pes_in(
+    home: &Registrar,
+    pool: &str,
+    ids: &[u32],
+) -> Arc<Mutex<Vec<(RegistrarId, Instant)>>> {
+    pes_at("127.0.0.1", home, pool, ids)
+}
+
+/// Registers PEs in `pool` at `home` over one association, from a port on `ip` it also listens
+/// on.
+pub fn pes_at(
+    ip: &str,
     home: &Registrar,
     pool: &str,
     ids: &[u32],
@@ -239,7 +278,7 @@ pub fn pes_in(
     let codec = Codec::default();
     let listener = reuse_socket();
     listener
-        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .bind(&SocketAddr::new(ip.parse().unwrap(), 0).into())
         .unwrap();
     listener.listen(16).unwrap();
     let local = listener.local_addr().unwrap();
@@ -254,7 +293,7 @@ pub fn pes_in(
             registration_life: RegistrationLife::Finite(Duration::from_secs(300)),
             user_transport: UserTransport::Address(TransportAddress::tcp(
                 7,
-                "127.0.0.1".parse().unwrap(),
+                local.as_socket().unwrap().ip(),
             )),
             policy: PoolPolicy::RoundRobin,
             asap_transport: None,
