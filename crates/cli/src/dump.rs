@@ -5,8 +5,8 @@
 //! The dump joins the registrar as an ENRP peer for as long as it reads: ENRP_PRESENCE (so that
 //! the registrar knows it; a request from a stranger is refused with R=1), LIST_REQUEST, and
 //! ENRP_HANDLE_TABLE_REQUEST with W=0 (the whole table, RFC 5353 §2.2.2), again after every
-//! ENRP_HANDLE_TABLE_RESPONSE with M=1 (RFC 5353 §3.2.3; the registrar's cursor continues the
-//! table). Then it closes the association gracefully. It behaves as a polite peer meanwhile:
+//! ENRP_HANDLE_TABLE_RESPONSE with M=1 (more to send, RFC 5353 §2.2.3; the registrar's cursor for
+//! this peer continues the table). Then it closes the association gracefully. It behaves as a polite peer meanwhile:
 //! PRESENCE with R=1 is answered, HANDLE_UPDATEs are applied to the table being read, a
 //! LIST_REQUEST gets an empty list, a HANDLE_TABLE_REQUEST a refusal (it has no table to give),
 //! an INIT_TAKEOVER an acknowledgement (so that a takeover need not wait for it).
@@ -32,7 +32,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-/// The ENRP port (RFC 5353 §6, IANA), used when the address names none.
+/// The ENRP port registered with IANA, used when the address names none.
 pub const ENRP_PORT: u16 = 9901;
 
 /// Options of `rserpool dump`.
