@@ -15,6 +15,7 @@ mod bench;
 mod csp;
 mod decode;
 mod demo;
+mod dump;
 mod monitor;
 mod pe;
 mod pu;
@@ -48,6 +49,8 @@ enum Command {
     Lsnat(Box<rserpool_lsnat::LsnatArgs>),
     /// Resolve a pool handle at a registrar and print the PEs selected and why.
     Resolve(resolve::ResolveArgs),
+    /// Print a registrar's handlespace, read over ENRP as a peer (like RSPLIB's hsdump).
+    Dump(Box<dump::DumpArgs>),
     /// Decode the ASAP and ENRP messages of a pcap file (default: a bundled RSPLIB capture).
     Decode(decode::DecodeArgs),
     /// Load a registrar (rserpool's or RSPLIB's) with handle resolutions and registrations.
@@ -160,6 +163,7 @@ fn main() -> ExitCode {
         Command::Registrar(args) => registrar::run_registrar(*args),
         Command::Lsnat(args) => rserpool_lsnat::run(&args),
         Command::Resolve(args) => resolve::run(args),
+        Command::Dump(args) => dump::run(*args),
         Command::Decode(args) => decode::run(&args),
         Command::Bench(args) => bench::run(args),
         Command::Pe(args) => pe::run(*args),

@@ -570,3 +570,47 @@ pools = ["EchoPool"]
     );
     registrar.wait_metric("rserpool_registrar_tls_handshakes_total", 2);
 }
+
+/// `rserpool dump` takes the same TLS options: with a certificate the registrar's ENRP peer
+/// rules allow it reads the table; with one they refuse it fails and says why it may have.
+#[test]
+fn rserpool_dump_over_tls_needs_a_certificate_allowed_to_peer() {
+    let pki = Pki::new("ca");
+    let (a, a_enrp) = enrp_registrar(&pki, "a", &["registrar-a.test"], None);
+    let names = |cn: &'static str, dns: &'static [&'static str]| Names {
+        cn,
+        dns,
+        uris: &[],
+        ips: &[],
+    };
+    let (cert, key) = pki.issue("dump", names("dump", &["registrar-dump.test"]));
+    let tls = |cert: &Path, key: &Path| {
+        run(&[
+            "dump",
+            "--transport",
+            "tcp",
+            "--tls-cert",
+            path(cert),
+            "--tls-key",
+            path(key),
+            "--tls-ca",
+            path(&pki.ca),
+            "--timeout",
+            "20s",
+            &a_enrp.to_string(),
+        ])
+    };
+    let (ok, out, err) = tls(&cert, &key);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("Registrar $"), "{out}");
+    assert!(out.contains("Total: 0 pool(s), 0 PE(s)"), "{out}");
+    let (cert, key) = pki.issue("intruder", names("intruder", &["intruder.test"]));
+    let (ok, _, err) = tls(&cert, &key);
+    assert!(!ok);
+    assert!(err.contains("ended the association"), "{err}");
+    assert!(err.contains("--tls-enrp-peer"), "{err}");
+    a.wait_metric(
+        "rserpool_registrar_access_refused_total{reason=\"enrp_peer_not_allowed\"}",
+        1,
+    );
+}

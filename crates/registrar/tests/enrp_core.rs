@@ -1024,3 +1024,90 @@ fn takeover_suggestion_when_turned_on() {
         "the PE answered and was adopted"
     );
 }
+
+/// A visitor that joins only to read the table (as `rserpool dump` and RSPLIB's `hsdump` do) is
+/// forgotten when its association closes; a peer whose PEs we hold is not, nor a static one.
+#[test]
+fn a_visitor_that_owns_no_pes_leaves_the_peer_table_with_its_association() {
+    let mut net = Net::new(&[0x100, 0x200, 0x300], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(0, "P", 1..=3, 1);
+    net.register(2, "P", [4], 1);
+    net.run_for(secs(1));
+    let before = net.nodes[0].enrp.peer_ids();
+    assert_eq!(before, vec![net.id(1), net.id(2)]);
+    let visitor = RegistrarId(0xd00d);
+    let a = AssociationId(4242);
+    let ids = wenrp::Peers {
+        sender: visitor,
+        receiver: RegistrarId(0),
+    };
+    net.inject(
+        0,
+        Source::Association(a),
+        &EnrpMessage::Presence(wenrp::Presence {
+            peers: ids,
+            reply_required: true,
+            checksum: rserpool_wire::PeChecksum(0xffff),
+            server_information: None,
+        }),
+    );
+    net.inject(
+        0,
+        Source::Association(a),
+        &EnrpMessage::HandleTableRequest(wenrp::HandleTableRequest {
+            peers: ids,
+            own_children_only: false,
+        }),
+    );
+    let answer = std::iter::from_fn(|| net.nodes[0].enrp.poll_transmit())
+        .find(|t| t.kind == EnrpMessageType::HandleTableResponse)
+        .expect("a handle table response");
+    let EnrpMessage::HandleTableResponse(r) = net
+        .codec
+        .decode::<EnrpMessage>(&answer.bytes)
+        .unwrap()
+        .message
+    else {
+        panic!("not a response")
+    };
+    assert!(!r.reject, "the visitor is a peer now");
+    assert_eq!(
+        r.entries
+            .iter()
+            .map(|e| e.pool_elements.len())
+            .sum::<usize>(),
+        4
+    );
+    assert!(net.nodes[0].enrp.peer_ids().contains(&visitor));
+    let now = net.now;
+    let n = &mut net.nodes[0];
+    n.enrp.association_down(now, &mut n.reg, a);
+    assert_eq!(
+        net.nodes[0].enrp.peer_ids(),
+        before,
+        "the visitor is gone at once"
+    );
+    net.drain(0);
+    assert!(net.nodes[0].events.iter().any(|e| matches!(
+        e,
+        EnrpEvent::PeerDown { peer, .. } if *peer == visitor
+    )));
+    // The association to node 2, whose PE node 0 holds, going down changes nothing: it is
+    // reached by address again. Node 1 owns nothing and is forgotten too (for node 0 it is not
+    // static: node 0 is its mentor, not the other way round), and comes back with its next
+    // PRESENCE (RFC 5353 §3.4.1).
+    let to_2 = AssociationId(net.pairs[&(0, 2)]);
+    let now = net.now;
+    let n = &mut net.nodes[0];
+    n.enrp.association_down(now, &mut n.reg, to_2);
+    assert!(net.nodes[0].enrp.peer_ids().contains(&net.id(2)));
+    let to_1 = AssociationId(net.pairs[&(0, 1)]);
+    let now = net.now;
+    let n = &mut net.nodes[0];
+    n.enrp.association_down(now, &mut n.reg, to_1);
+    assert!(!net.nodes[0].enrp.peer_ids().contains(&net.id(1)));
+    net.run_for(secs(5));
+    assert_eq!(net.nodes[0].enrp.peer_ids(), before, "node 1 is back");
+    assert_eq!(net.table(1), net.table(0), "and nothing was lost");
+}

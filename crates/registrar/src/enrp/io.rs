@@ -174,7 +174,7 @@ impl EnrpSide {
                 let a = AssociationId(id.0);
                 self.outbox.forget(a);
                 self.opened.retain(|_, v| *v != a);
-                self.core.association_down(now, a);
+                self.core.association_down(now, registrar, a);
             }
             Input::Transport(Event::AssociationUp {
                 id,

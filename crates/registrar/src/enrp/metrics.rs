@@ -69,6 +69,9 @@ pub struct EnrpMetrics {
     pub takeovers: [u64; 5],
     /// Peers found dead (no answer to a PRESENCE with R=1).
     pub peers_dead: u64,
+    /// Peers that owned no PEs forgotten when their association closed (visitors such as
+    /// `rserpool dump` and RSPLIB's `hsdump`).
+    pub peers_departed: u64,
     /// Handle table synchronisations started (mentor or audit).
     pub syncs_started: u64,
     /// Audits that found a checksum mismatch and started a resynchronisation (W=1).
@@ -147,6 +150,12 @@ impl EnrpMetrics {
             "counter",
             "Peers found dead (no answer to PRESENCE with R=1).",
             self.peers_dead,
+        );
+        simple(
+            "peers_departed_total",
+            "counter",
+            "Peers owning no PEs forgotten when their association closed (e.g. rserpool dump).",
+            self.peers_departed,
         );
         simple(
             "syncs_started_total",

@@ -372,8 +372,43 @@ impl Enrp {
     }
 
     /// An association of the ENRP endpoint went down: peers are reached by address again.
-    pub fn association_down(&mut self, _now: Duration, association: AssociationId) {
+    ///
+    /// A peer that spoke over it and has nothing in the handlespace is forgotten at once
+    /// instead of after MAX-TIME-LAST-HEARD + MAX-TIME-NO-RESPONSE: a visitor such as
+    /// `rserpool dump` or RSPLIB's `hsdump`, which joins only to read the table. RFC 5353 ties a
+    /// peer's entry to no association; it detects failure by those timers (§3.4.3) so that a
+    /// dead peer's PEs can be taken over (§3.5), and a peer that owns none has nothing to take
+    /// over. One that is alive after all is a peer again at its next PRESENCE (§3.4.1). Kept:
+    /// static peers, peers whose PEs (or an announced checksum other than the empty one) we
+    /// hold, peers being taken over. Without this, every takeover would wait for the visitor's
+    /// acknowledgement until its entry expired.
+    pub fn association_down(
+        &mut self,
+        now: Duration,
+        registrar: &mut Registrar,
+        association: AssociationId,
+    ) {
+        let hs = registrar.handlespace();
+        let visitors: Vec<RegistrarId> = self
+            .peers
+            .by_id
+            .iter()
+            .filter(|(id, p)| {
+                p.association == Some(association)
+                    && hs.owned_count(**id) == 0
+                    && p.announced_checksum == hs.checksum(**id)
+                    && p.takeover_by.is_none()
+                    && !self.takeovers.contains_key(*id)
+                    && !self.statics.iter().any(|s| s.id == Some(**id))
+            })
+            .map(|(id, _)| *id)
+            .collect();
         self.peers.association_down(association);
+        for peer in visitors {
+            self.metrics.peers_departed += 1;
+            self.remove_peer(now, registrar, peer, "association closed; it owns no PEs");
+        }
+        registrar.set_enrp_peer_count(self.peers.len());
     }
 
     /// After every ASAP step: the registrar's changes to its own PEs go to every peer as
