@@ -6,118 +6,14 @@
 //! where they exist (CI installs both). Every wait polls for a condition with a generous
 //! deadline; every port is chosen by the kernel.
 
+mod common;
+
+use common::process::{Proc, DEADLINE};
 use rserpool_wire::csp::{Association, ComponentGroup, ComponentId, Report, PROTOCOL_SCTP};
 use rserpool_wire::PoolElementId;
-use std::io::{BufRead, BufReader, Read};
 use std::net::UdpSocket;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const DEADLINE: Duration = Duration::from_secs(60);
-
-/// A child process whose stdout and stderr are collected as they come.
-struct Proc {
-    child: Child,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
-}
-
-/// Collects whole lines only, so that a waiter never sees half a line (stderr is unbuffered:
-/// one line may come in several writes).
-fn collect(r: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(r);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => into
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&line)),
-            }
-        }
-    });
-}
-
-impl Proc {
-    fn spawn(program: &str, args: &[&str]) -> Proc {
-        let mut child = Command::new(program)
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{program} runs: {e}"));
-        let out = Arc::new(Mutex::new(String::new()));
-        let err = Arc::new(Mutex::new(String::new()));
-        collect(child.stdout.take().unwrap(), out.clone());
-        collect(child.stderr.take().unwrap(), err.clone());
-        Proc { child, out, err }
-    }
-
-    fn start(args: &[&str]) -> Proc {
-        Self::spawn(env!("CARGO_BIN_EXE_rserpool"), args)
-    }
-
-    fn out(&self) -> String {
-        self.out.lock().unwrap().clone()
-    }
-
-    fn err(&self) -> String {
-        self.err.lock().unwrap().clone()
-    }
-
-    /// Waits until stdout or stderr holds `what`; panics with both after the deadline.
-    fn wait_for(&self, what: &str) -> String {
-        let end = Instant::now() + DEADLINE;
-        loop {
-            let (o, e) = (self.out(), self.err());
-            if o.contains(what) || e.contains(what) {
-                return o + &e;
-            }
-            assert!(
-                Instant::now() < end,
-                "timed out waiting for {what:?}\nstdout:\n{o}\nstderr:\n{e}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for the exit; panics after the deadline.
-    fn wait_exit(&mut self) -> bool {
-        let end = Instant::now() + DEADLINE;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(100));
-                return s.success();
-            }
-            assert!(
-                Instant::now() < end,
-                "did not exit\nstdout:\n{}\nstderr:\n{}",
-                self.out(),
-                self.err()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn terminate(&self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The word after `prefix` in `text`.
 fn word_after(text: &str, prefix: &str) -> String {
@@ -157,7 +53,7 @@ fn registrar(extra: &[&str]) -> (Proc, String, String, String) {
         "500ms",
     ];
     args.extend_from_slice(extra);
-    let r = Proc::start(&args);
+    let r = Proc::start(&args, None);
     let text = r.wait_for("serving ASAP over TCP on ");
     let id = word_after(&text, "registrar ");
     let asap = word_after(&text, "serving ASAP over TCP on ");
@@ -181,7 +77,7 @@ fn pe(registrar: &str, extra: &[&str]) -> (Proc, String, String) {
         "127.0.0.1:0",
     ];
     args.extend_from_slice(extra);
-    let p = Proc::start(&args);
+    let p = Proc::start(&args, None);
     let text = p.wait_for(" registered\n");
     let id = word_after(&text, "PE ");
     let metrics = word_after(&p.wait_for("metrics at http://"), "metrics at http://")
@@ -253,23 +149,26 @@ fn registrar_and_pe_send_csp_reports() {
     assert_eq!(home.ppid, 11, "ASAP");
     assert_eq!(home.protocol, 6, "the TCP mapping");
     // A PU reports its pool and the PE it uses.
-    let pu = Proc::start(&[
-        "pu",
-        "--registrar",
-        &asap,
-        "--transport",
-        "tcp",
-        "--pool-handle",
-        "EchoPool",
-        "--service",
-        "chargen",
-        "--quiet",
-        "true",
-        "--csp-server",
-        &server,
-        "--csp-interval",
-        "100ms",
-    ]);
+    let pu = Proc::start(
+        &[
+            "pu",
+            "--registrar",
+            &asap,
+            "--transport",
+            "tcp",
+            "--pool-handle",
+            "EchoPool",
+            "--service",
+            "chargen",
+            "--quiet",
+            "true",
+            "--csp-server",
+            &server,
+            "--csp-interval",
+            "100ms",
+        ],
+        None,
+    );
     let seen = receive_until(&socket, |r| {
         r.sender.group() == ComponentGroup::PoolUser
             && r.associations.iter().any(|a| a.receiver == pe_id)
@@ -282,7 +181,7 @@ fn registrar_and_pe_send_csp_reports() {
     );
     drop(pu);
     // On SIGTERM the PE says goodbye with a FINAL report.
-    p.terminate();
+    p.signal("-TERM");
     receive_until(&socket, |r| r.sender == pe_id && r.is_final());
 }
 
@@ -314,7 +213,7 @@ fn enrp_registrar(id: &str, peer: Option<&str>, csp: &str) -> (Proc, String) {
     if let Some(p) = peer {
         args.extend_from_slice(&["--peer", p]);
     }
-    let r = Proc::start(&args);
+    let r = Proc::start(&args, None);
     let text = r.wait_for("serving ENRP on ");
     let enrp = word_after(&text, "serving ENRP on ");
     (r, enrp)
@@ -366,20 +265,23 @@ fn monitor_once_prints_registrar_pes_and_csp_components() {
     let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
     let end = Instant::now() + DEADLINE;
     loop {
-        let mut m = Proc::start(&[
-            "monitor",
-            "--once",
-            "--csp",
-            "127.0.0.1:0",
-            "--refresh",
-            "3s",
-            "--status",
-            &rmetrics,
-            "--status",
-            &m1,
-            "--status",
-            &format!("http://{m2}"),
-        ]);
+        let mut m = Proc::start(
+            &[
+                "monitor",
+                "--once",
+                "--csp",
+                "127.0.0.1:0",
+                "--refresh",
+                "3s",
+                "--status",
+                &rmetrics,
+                "--status",
+                &m1,
+                "--status",
+                &format!("http://{m2}"),
+            ],
+            None,
+        );
         let csp = word_after(
             &m.wait_for("receiving CSP reports on "),
             "receiving CSP reports on ",
@@ -414,20 +316,23 @@ fn monitor_once_prints_registrar_pes_and_csp_components() {
 
 #[test]
 fn monitor_refuses_bad_options_naming_them() {
-    let mut m = Proc::start(&["monitor", "--once", "--csp", "off"]);
+    let mut m = Proc::start(&["monitor", "--once", "--csp", "off"], None);
     assert!(!m.wait_exit());
     assert!(m.err().contains("nothing to show"), "{}", m.err());
-    let mut m = Proc::start(&[
-        "monitor",
-        "--once",
-        "--csp",
-        "nowhere",
-        "--status",
-        "127.0.0.1:1",
-    ]);
+    let mut m = Proc::start(
+        &[
+            "monitor",
+            "--once",
+            "--csp",
+            "nowhere",
+            "--status",
+            "127.0.0.1:1",
+        ],
+        None,
+    );
     assert!(!m.wait_exit());
     assert!(m.err().contains("csp: \"nowhere\""), "{}", m.err());
-    let mut m = Proc::start(&["monitor", "--once", "--status", "localhost"]);
+    let mut m = Proc::start(&["monitor", "--once", "--status", "localhost"], None);
     assert!(!m.wait_exit());
     assert!(
         m.err().contains("status: \"localhost\" is not ADDR:PORT"),
@@ -438,7 +343,10 @@ fn monitor_refuses_bad_options_naming_them() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = closed.local_addr().unwrap().to_string();
     drop(closed);
-    let mut m = Proc::start(&["monitor", "--once", "--csp", "off", "--status", &addr]);
+    let mut m = Proc::start(
+        &["monitor", "--once", "--csp", "off", "--status", &addr],
+        None,
+    );
     assert!(m.wait_exit(), "{}", m.err());
     assert!(m.out().contains("connecting to"), "{}", m.out());
 }
@@ -545,6 +453,7 @@ fn cspmonitor() -> (Proc, String) {
                 "-updateinterval=200",
                 "-full",
             ],
+            None,
         );
         // Taken meanwhile: it says "Unable to bind" and exits; then another port.
         loop {

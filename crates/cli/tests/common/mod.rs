@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test file uses a part
 
+pub mod process;
+
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::{
     Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId, RegistrationLife,

@@ -1,0 +1,137 @@
+//! A child process of a test whose stdout and stderr are collected as they come, with waits that
+//! poll for a condition against a generous deadline and panic with both outputs.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long any wait of a test may take (the machine may be loaded).
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A child process whose stdout and stderr are collected as they come.
+pub struct Proc {
+    pub child: Child,
+    out: Arc<Mutex<String>>,
+    err: Arc<Mutex<String>>,
+}
+
+/// Collects whole lines only, so that a waiter never sees half a line (stderr is unbuffered:
+/// one line may come in several writes).
+fn collect(r: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(r);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => into
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&line)),
+            }
+        }
+    });
+}
+
+impl Proc {
+    /// Starts `program` with `args`, writing `stdin` to it when given (else stdin is empty).
+    pub fn spawn(program: &str, args: &[&str], stdin: Option<&str>) -> Proc {
+        let mut child = Command::new(program)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+        if let Some(text) = stdin {
+            let mut w = child.stdin.take().unwrap();
+            let text = text.to_string();
+            std::thread::spawn(move || {
+                let _ = w.write_all(text.as_bytes());
+            });
+        }
+        let out = Arc::new(Mutex::new(String::new()));
+        let err = Arc::new(Mutex::new(String::new()));
+        collect(child.stdout.take().unwrap(), out.clone());
+        collect(child.stderr.take().unwrap(), err.clone());
+        Proc { child, out, err }
+    }
+
+    /// Starts `rserpool` with `args`.
+    pub fn start(args: &[&str], stdin: Option<&str>) -> Proc {
+        Self::spawn(env!("CARGO_BIN_EXE_rserpool"), args, stdin)
+    }
+
+    /// What it printed on stdout so far.
+    pub fn out(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+
+    /// What it printed on stderr so far.
+    pub fn err(&self) -> String {
+        self.err.lock().unwrap().clone()
+    }
+
+    /// Waits until stdout or stderr holds `what`; panics with both after the deadline.
+    pub fn wait_for(&self, what: &str) -> String {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            let (o, e) = (self.out(), self.err());
+            if o.contains(what) || e.contains(what) {
+                return o + &e;
+            }
+            assert!(
+                Instant::now() < end,
+                "timed out waiting for {what:?}\nstdout:\n{o}\nstderr:\n{e}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the exit and says whether it succeeded; panics after the deadline.
+    pub fn wait_exit(&mut self) -> bool {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                // Let the readers drain.
+                std::thread::sleep(Duration::from_millis(100));
+                return s.success();
+            }
+            assert!(
+                Instant::now() < end,
+                "did not exit\nstdout:\n{}\nstderr:\n{}",
+                self.out(),
+                self.err()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends a signal, e.g. "-TERM", "-STOP"; panics when `kill` fails.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} failed");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
