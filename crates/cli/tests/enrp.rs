@@ -458,7 +458,7 @@ fn resolved(r: &Registrar) -> Vec<u32> {
 /// off from A and B (their ENRP traffic dropped both ways, ASAP still flowing) for longer than
 /// the TCP mapping's keep-alive timeout, so that the associations between them fail and the
 /// HANDLE_UPDATEs sent meanwhile are lost. PEs register on both sides during the cut. After the
-/// cut heals, the checksums in the PRESENCEs differ and the audit (RFC 5353 §3.2 and §3.7)
+/// cut heals, the checksums in the PRESENCEs differ and the audit (RFC 5353 §3.6)
 /// resynchronises both sides: every registrar ends with the same handlespace. The peer timers
 /// are longer than the cut, so that nobody is declared dead and nothing is taken over.
 ///

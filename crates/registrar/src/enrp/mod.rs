@@ -376,9 +376,9 @@ impl Enrp {
     /// A peer that spoke over it and has nothing in the handlespace is forgotten at once
     /// instead of after MAX-TIME-LAST-HEARD + MAX-TIME-NO-RESPONSE: a visitor such as
     /// `rserpool dump` or RSPLIB's `hsdump`, which joins only to read the table. RFC 5353 ties a
-    /// peer's entry to no association; it detects failure by those timers (§3.4.3) so that a
+    /// peer's entry to no association; it detects failure by those timers (§3.5) so that a
     /// dead peer's PEs can be taken over (§3.5), and a peer that owns none has nothing to take
-    /// over. One that is alive after all is a peer again at its next PRESENCE (§3.4.1). Kept:
+    /// over. One that is alive after all is a peer again at its next PRESENCE (§3.2). Kept:
     /// static peers, peers whose PEs (or an announced checksum other than the empty one) we
     /// hold, peers being taken over. Without this, every takeover would wait for the visitor's
     /// acknowledgement until its entry expired.
