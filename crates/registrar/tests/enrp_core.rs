@@ -1096,7 +1096,7 @@ fn a_visitor_that_owns_no_pes_leaves_the_peer_table_with_its_association() {
     // The association to node 2, whose PE node 0 holds, going down changes nothing: it is
     // reached by address again. Node 1 owns nothing and is forgotten too (for node 0 it is not
     // static: node 0 is its mentor, not the other way round), and comes back with its next
-    // PRESENCE (RFC 5353 §3.4.1).
+    // PRESENCE (RFC 5353 §3.2).
     let to_2 = AssociationId(net.pairs[&(0, 2)]);
     let now = net.now;
     let n = &mut net.nodes[0];
