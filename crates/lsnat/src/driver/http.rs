@@ -69,7 +69,7 @@ async fn answer(shared: Arc<Shared>, mut s: TcpStream) -> std::io::Result<()> {
     }
     match path {
         "/metrics" => {
-            let body = shared.lock().core.render_metrics();
+            let body = shared.lock().render_metrics();
             respond(
                 &mut s,
                 "200 OK",

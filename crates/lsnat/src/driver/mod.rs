@@ -26,6 +26,19 @@ pub(crate) struct Inner {
     pub(crate) core: Gateway,
     /// How to stop a session's relay when the core ends it (idle timeout, member lost).
     pub(crate) kills: HashMap<SessionId, oneshot::Sender<Outcome>>,
+    /// The NAT data plane's counters, while it runs (NAT mode).
+    pub(crate) nat: Option<crate::nat::Stats>,
+}
+
+impl Inner {
+    /// The gateway's metrics, and the NAT data plane's in NAT mode, in Prometheus text format.
+    pub(crate) fn render_metrics(&self) -> String {
+        let mut out = self.core.render_metrics();
+        if let Some(nat) = &self.nat {
+            nat.render_prometheus(&mut out);
+        }
+        out
+    }
 }
 
 impl Inner {
@@ -111,7 +124,7 @@ impl Running {
 
     /// The metrics now, in Prometheus text format.
     pub fn metrics(&self) -> String {
-        self.shared.lock().core.render_metrics()
+        self.shared.lock().render_metrics()
     }
 
     /// Runs `f` on the core (read or adjust it from outside, e.g. in tests).
@@ -153,6 +166,7 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
         inner: Mutex::new(Inner {
             core,
             kills: HashMap::new(),
+            nat: None,
         }),
         start: Instant::now(),
         config,

@@ -152,9 +152,9 @@ pub fn prepare(config: &Config) -> Result<Prepared, String> {
     })
 }
 
-/// Counters of the NAT data plane (logged at exit).
-#[derive(Debug, Default)]
-struct Stats {
+/// Counters of the NAT data plane: in `/metrics` while it runs, logged at exit.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stats {
     events: u64,
     adopted: u64,
     untranslated: u64,
@@ -165,6 +165,29 @@ struct Stats {
     map_failures: u64,
     resyncs: u64,
     ended_unobserved: u64,
+}
+
+impl Stats {
+    /// Appends the counters in the Prometheus text format (`rserpool_lsnat_nat_*`).
+    pub fn render_prometheus(&self, out: &mut String) {
+        use std::fmt::Write;
+        for (name, help, value) in [
+            ("events_total", "Conntrack events read.", self.events),
+            ("sessions_adopted_total", "Sessions learned from a conntrack dump (bound before a restart or while events were lost).", self.adopted),
+            ("untranslated_total", "Connections to the virtual address the kernel did not translate.", self.untranslated),
+            ("unknown_member_total", "Connections translated to an address that is no member.", self.unknown_member),
+            ("malformed_events_total", "Conntrack messages that could not be decoded.", self.malformed),
+            ("events_lost_total", "Times the kernel dropped conntrack events (socket buffer full; raise nat.event-buffer).", self.lost),
+            ("map_updates_total", "Weight maps programmed into nftables.", self.map_updates),
+            ("map_failures_total", "Weight maps nftables refused (the table is then programmed afresh).", self.map_failures),
+            ("resyncs_total", "Conntrack table dumps read (at start and after lost events).", self.resyncs),
+            ("sessions_ended_unobserved_total", "Sessions conntrack forgot while events were lost (outcome unknown).", self.ended_unobserved),
+        ] {
+            let _ = writeln!(out, "# HELP rserpool_lsnat_nat_{name} {help}");
+            let _ = writeln!(out, "# TYPE rserpool_lsnat_nat_{name} counter");
+            let _ = writeln!(out, "rserpool_lsnat_nat_{name} {value}");
+        }
+    }
 }
 
 /// What the driver remembers of a session the kernel bound.
@@ -376,6 +399,13 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     let mut iv = tokio::time::interval(shared.config.nat.refresh);
     iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // What the last step counted, for /metrics.
+        {
+            let mut inner = shared.lock();
+            if inner.nat.as_ref() != Some(&stats) {
+                inner.nat = Some(stats.clone());
+            }
+        }
         tokio::select! {
             _ = iv.tick() => {
                 if resync_due && last_resync.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
@@ -913,6 +943,27 @@ fn effective_capabilities(status: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix("CapEff:"))?
         .trim();
     u64::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod stats_tests {
+    use super::Stats;
+
+    #[test]
+    fn nat_counters_render_as_prometheus_counters() {
+        let s = Stats {
+            events: 6,
+            lost: 1,
+            ..Stats::default()
+        };
+        let mut out = String::new();
+        s.render_prometheus(&mut out);
+        assert!(out.contains("# TYPE rserpool_lsnat_nat_events_total counter\n"));
+        assert!(out.contains("\nrserpool_lsnat_nat_events_total 6\n"));
+        assert!(out.contains("\nrserpool_lsnat_nat_events_lost_total 1\n"));
+        assert!(out.contains("\nrserpool_lsnat_nat_resyncs_total 0\n"));
+        assert_eq!(out.lines().filter(|l| !l.starts_with('#')).count(), 10);
+    }
 }
 
 #[cfg(test)]
