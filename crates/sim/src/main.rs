@@ -20,6 +20,7 @@ struct Args {
     pus: Option<usize>,
     chaos: Option<u64>,
     mutation: Option<Mutation>,
+    check_every: Option<u64>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -34,6 +35,7 @@ fn parse() -> Result<Args, String> {
         pus: None,
         chaos: None,
         mutation: None,
+        check_every: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,6 +56,7 @@ fn parse() -> Result<Args, String> {
             "--pes" => a.pes = Some(num("--pes", value("--pes")?)? as usize),
             "--pus" => a.pus = Some(num("--pus", value("--pus")?)? as usize),
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
+            "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
             "--mutation" => {
                 a.mutation = Some(match value("--mutation")?.as_str() {
                     "one-way-enrp" => Mutation::OneWayEnrp,
@@ -75,6 +78,7 @@ fn parse() -> Result<Args, String> {
                      --faults LIST    registrar,pe,partition | all | none (default: from the seed)\n\
                      --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
                      --chaos SECS     length of the chaos phase (default: from the seed)\n\
+                     --check-every N  scan every handlespace only every N steps (default 1)\n\
                      --mutation M     a deliberate defect the checker must catch:\n\
                                       one-way-enrp, silent-pes (tests of the checker)"
                 );
@@ -117,6 +121,9 @@ fn main() -> ExitCode {
             cfg.pool_users = n;
         }
         cfg.mutation = args.mutation;
+        if let Some(n) = args.check_every {
+            cfg.full_check_every = n;
+        }
         if let Some(s) = args.chaos {
             cfg.chaos = Duration::from_secs(s);
         }

@@ -214,6 +214,9 @@ pub struct World {
     stats: Stats,
     failure: Option<Failure>,
     next_reg_id: u32,
+    /// Every host by address, and every PE by identifier (fixed for the run).
+    by_ip: BTreeMap<IpAddr, HostId>,
+    pe_by_id: BTreeMap<PoolElementId, usize>,
 }
 
 impl World {
@@ -248,6 +251,8 @@ impl World {
             stats: Stats::default(),
             failure: None,
             next_reg_id: 0,
+            by_ip: BTreeMap::new(),
+            pe_by_id: BTreeMap::new(),
         };
         w.build();
         w
@@ -309,6 +314,16 @@ impl World {
                 armed: None,
                 same_instant: (Duration::ZERO, 0),
             });
+        }
+        for (i, r) in self.regs.iter().enumerate() {
+            self.by_ip.insert(r.ip, HostId::Registrar(i));
+        }
+        for (j, p) in self.pes.iter().enumerate() {
+            self.by_ip.insert(p.ip, HostId::PoolElement(j));
+            self.pe_by_id.insert(p.id, j);
+        }
+        for (k, p) in self.pus.iter().enumerate() {
+            self.by_ip.insert(p.ip, HostId::PoolUser(k));
         }
         let hosts = self.hosts();
         for h in hosts {
@@ -426,20 +441,12 @@ impl World {
     }
 
     fn host_at(&self, addr: SocketAddr) -> Option<(HostId, Service)> {
-        if let Some(i) = self.regs.iter().position(|r| r.ip == addr.ip()) {
-            return match addr.port() {
-                ASAP_PORT => Some((HostId::Registrar(i), Service::Asap)),
-                ENRP_PORT => Some((HostId::Registrar(i), Service::Enrp)),
-                _ => None,
-            };
+        match (self.by_ip.get(&addr.ip())?, addr.port()) {
+            (HostId::Registrar(i), ASAP_PORT) => Some((HostId::Registrar(*i), Service::Asap)),
+            (HostId::Registrar(i), ENRP_PORT) => Some((HostId::Registrar(*i), Service::Enrp)),
+            (HostId::PoolElement(j), CLIENT_PORT) => Some((HostId::PoolElement(*j), Service::Asap)),
+            _ => None,
         }
-        if addr.port() != CLIENT_PORT {
-            return None;
-        }
-        if let Some(j) = self.pes.iter().position(|p| p.ip == addr.ip()) {
-            return Some((HostId::PoolElement(j), Service::Asap));
-        }
-        None
     }
 
     fn note(&mut self, what: impl FnOnce() -> String) {
@@ -771,16 +778,7 @@ impl World {
     }
 
     fn host_at_ip(&self, ip: IpAddr) -> Option<HostId> {
-        if let Some(i) = self.regs.iter().position(|r| r.ip == ip) {
-            return Some(HostId::Registrar(i));
-        }
-        if let Some(j) = self.pes.iter().position(|p| p.ip == ip) {
-            return Some(HostId::PoolElement(j));
-        }
-        self.pus
-            .iter()
-            .position(|p| p.ip == ip)
-            .map(HostId::PoolUser)
+        self.by_ip.get(&ip).copied()
     }
 
     fn end_of(&self, id: u64, side: usize) -> Option<HostId> {
@@ -1370,10 +1368,9 @@ impl World {
                     resolution,
                 } => {
                     if let Some(bad) = resolution.pool_elements.iter().find(|pe| {
-                        !self
-                            .pes
-                            .iter()
-                            .any(|p| p.id == pe.id && p.pool == resolution.pool_handle)
+                        self.pe_by_id
+                            .get(&pe.id)
+                            .is_none_or(|&j| self.pes[j].pool != resolution.pool_handle)
                     }) {
                         let msg = format!(
                             "{h} got PE {} for pool {}, which never joined it",
@@ -1856,10 +1853,10 @@ impl World {
             for pool in c.0.handlespace().pools() {
                 for e in pool.elements() {
                     let Some((j, p)) = self
-                        .pes
-                        .iter()
-                        .enumerate()
-                        .find(|(_, p)| p.id == e.id() && p.pool == *e.pool_handle())
+                        .pe_by_id
+                        .get(&e.id())
+                        .map(|&j| (j, &self.pes[j]))
+                        .filter(|(_, p)| p.pool == *e.pool_handle())
                     else {
                         return Some(format!(
                             "R{i} lists {} in {}, which never existed",
