@@ -55,6 +55,9 @@ pub struct Faults {
     pub crash_pool_elements: bool,
     /// The network splits into two sides (or isolates one host) and heals.
     pub partitions: bool,
+    /// A registrar or PE stops (as with SIGSTOP) for 1–30 s: its kernel keeps the associations
+    /// up and buffers what arrives, the process neither reads, sends nor runs timers.
+    pub pauses: bool,
     /// Mean time between two faults (exponentially distributed).
     pub mean_interval: Duration,
 }
@@ -66,6 +69,7 @@ impl Faults {
             crash_registrars: false,
             crash_pool_elements: false,
             partitions: false,
+            pauses: false,
             mean_interval: Duration::from_secs(20),
         }
     }
@@ -76,11 +80,13 @@ impl Faults {
             crash_registrars: true,
             crash_pool_elements: true,
             partitions: true,
+            pauses: true,
             mean_interval: Duration::from_secs(20),
         }
     }
 
-    /// Parses a comma-separated list of `registrar`, `pe`, `partition`, `all` or `none`.
+    /// Parses a comma-separated list of `registrar`, `pe`, `partition`, `pause`, `all` or
+    /// `none`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut f = Faults::none();
         for w in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -88,12 +94,13 @@ impl Faults {
                 "registrar" => f.crash_registrars = true,
                 "pe" => f.crash_pool_elements = true,
                 "partition" => f.partitions = true,
+                "pause" => f.pauses = true,
                 "all" => f = Faults::all(),
                 "none" => f = Faults::none(),
                 other => {
                     return Err(format!(
-                        "unknown fault `{other}` (expected registrar, pe, partition, all, none)"
-                    ))
+                    "unknown fault `{other}` (expected registrar, pe, partition, pause, all, none)"
+                ))
                 }
             }
         }
@@ -181,9 +188,10 @@ impl SimConfig {
             crash_registrars: r.random_bool(0.7),
             crash_pool_elements: r.random_bool(0.7),
             partitions: r.random_bool(0.6),
+            pauses: false,
             mean_interval: Duration::from_secs(r.random_range(5..40)),
         };
-        SimConfig {
+        let mut c = SimConfig {
             seed,
             registrars: r.random_range(3..=5),
             pool_elements: r.random_range(6..=16),
@@ -205,6 +213,9 @@ impl SimConfig {
             max_steps: 5_000_000,
             trace: false,
             mutation: None,
-        }
+        };
+        // Drawn last, so that adding it left the earlier draws of every seed as they were.
+        c.faults.pauses = r.random_bool(0.5);
+        c
     }
 }

@@ -1,7 +1,7 @@
 //! `rserpool-sim`: runs many seeds and prints a summary, or replays one seed with its trace.
 //!
 //! ```text
-//! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition|all|none]
+//! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition,pause|all|none]
 //!              [--registrars N] [--pes N] [--pus N] [--seed S] [--trace]
 //! ```
 
@@ -75,7 +75,7 @@ fn parse() -> Result<Args, String> {
                      --first S        first seed of the range (default 0)\n\
                      --seed S         run only seed S\n\
                      --trace          print the readable trace of each run\n\
-                     --faults LIST    registrar,pe,partition | all | none (default: from the seed)\n\
+                     --faults LIST    registrar,pe,partition,pause | all | none (default: from the seed)\n\
                      --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
                      --chaos SECS     length of the chaos phase (default: from the seed)\n\
                      --check-every N  scan every handlespace only every N steps (default 1)\n\
@@ -109,7 +109,11 @@ fn main() -> ExitCode {
         let mut cfg = SimConfig::from_seed(seed);
         cfg.trace = args.trace;
         if let Some(f) = &args.faults {
-            cfg.faults = f.clone();
+            // Which faults; how often stays the seed's.
+            cfg.faults = Faults {
+                mean_interval: cfg.faults.mean_interval,
+                ..f.clone()
+            };
         }
         if let Some(n) = args.registrars {
             cfg.registrars = n;

@@ -71,6 +71,8 @@ pub struct Stats {
     pub restarts: u64,
     /// Partitions injected.
     pub partitions: u64,
+    /// Pauses (SIGSTOP-like) injected.
+    pub pauses: u64,
     /// PEs that left their pool (and rejoined later).
     pub departures: u64,
     /// Takeovers won by registrars.
@@ -96,6 +98,7 @@ impl Stats {
         self.crashes += o.crashes;
         self.restarts += o.restarts;
         self.partitions += o.partitions;
+        self.pauses += o.pauses;
         self.departures += o.departures;
         self.takeovers += o.takeovers;
         self.resolutions += o.resolutions;
@@ -109,7 +112,7 @@ impl fmt::Display for Stats {
             f,
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
-             restarts, {} partitions, {} departures; {} takeovers; {} resolutions answered, {} failed",
+             restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -122,6 +125,7 @@ impl fmt::Display for Stats {
             self.crashes,
             self.restarts,
             self.partitions,
+            self.pauses,
             self.departures,
             self.takeovers,
             self.resolutions,

@@ -110,6 +110,7 @@ enum Ev {
     Churn,
     Rejoin(usize),
     Resolve(usize),
+    Resume(HostId),
     EndChaos,
     Finish,
 }
@@ -149,6 +150,8 @@ struct RegHost {
     armed: Option<Duration>,
     /// Consecutive timer wake-ups at one instant (a core that never moves its deadline on).
     same_instant: (Duration, u32),
+    /// When the current incarnation started.
+    started_at: Duration,
 }
 
 struct PeHost {
@@ -217,6 +220,10 @@ pub struct World {
     /// Every host by address, and every PE by identifier (fixed for the run).
     by_ip: BTreeMap<IpAddr, HostId>,
     pe_by_id: BTreeMap<PoolElementId, usize>,
+    /// Paused hosts and until when.
+    paused: BTreeMap<HostId, Duration>,
+    /// Until when a host counts as recently paused (takeovers of it are expected).
+    paused_recently: BTreeMap<HostId, Duration>,
 }
 
 impl World {
@@ -253,12 +260,16 @@ impl World {
             next_reg_id: 0,
             by_ip: BTreeMap::new(),
             pe_by_id: BTreeMap::new(),
+            paused: BTreeMap::new(),
+            paused_recently: BTreeMap::new(),
         };
         w.build();
         w
     }
 
     fn build(&mut self) {
+        let cfg = format!("{:?}", self.cfg);
+        self.note(|| format!("config {cfg}"));
         let nr = self.cfg.registrars.max(1);
         for i in 0..nr {
             let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, i as u8 + 1));
@@ -273,6 +284,7 @@ impl World {
                 asap_opened: BTreeMap::new(),
                 armed: None,
                 same_instant: (Duration::ZERO, 0),
+                started_at: Duration::ZERO,
             });
         }
         for j in 0..self.cfg.pool_elements {
@@ -697,6 +709,11 @@ impl World {
                 break;
             };
             self.now = self.now.max(q.at);
+            // A paused host's kernel keeps what arrives for it; the process sees it on resume.
+            if let Some(until) = self.deferred_until(&q.ev) {
+                self.schedule(until, q.ev);
+                continue;
+            }
             self.step += 1;
             if self.step > self.cfg.max_steps {
                 self.fail(
@@ -726,6 +743,26 @@ impl World {
             stats: self.stats,
             trace: self.trace.unwrap_or_default(),
         }
+    }
+
+    /// When an event for a paused host may be handled (`None`: now).
+    fn deferred_until(&self, ev: &Ev) -> Option<Duration> {
+        let hosts: Vec<HostId> = match ev {
+            Ev::Timer(h) => vec![*h],
+            Ev::Rejoin(j) => vec![HostId::PoolElement(*j)],
+            Ev::Datagram { to, .. } => vec![*to],
+            Ev::Deliver { assoc, side } | Ev::Down { assoc, side } => {
+                vec![self.assocs.get(assoc)?.ends[*side]]
+            }
+            Ev::Established(id) => self.assocs.get(id)?.ends.to_vec(),
+            Ev::ConnectFailed(id) => vec![self.assocs.get(id)?.ends[0]],
+            _ => return None,
+        };
+        hosts
+            .iter()
+            .filter_map(|h| self.paused.get(h).copied())
+            .filter(|&t| t > self.now)
+            .max()
     }
 
     fn handle(&mut self, ev: Ev) {
@@ -772,6 +809,12 @@ impl World {
                 }
             }
             Ev::Resolve(k) => self.on_resolve(k),
+            Ev::Resume(h) => {
+                if self.paused.remove(&h).is_some() {
+                    self.note(|| format!("RESUME {h}"));
+                    self.hash(9, 0, &[]);
+                }
+            }
             Ev::EndChaos => self.end_chaos(),
             Ev::Finish => self.check_converged(),
         }
@@ -1451,6 +1494,7 @@ impl World {
         let r = &mut self.regs[i];
         r.core = Some(Box::new((reg, enrp)));
         r.alive = true;
+        r.started_at = now;
         r.armed = None;
         let id = self.regs[i].id;
         self.note(|| format!("R{i} starts as {id:?}"));
@@ -1532,6 +1576,7 @@ impl World {
             )
         });
         self.hash(6, 0, &[]);
+        self.paused.remove(&h);
         match h {
             HostId::Registrar(i) => {
                 let r = &mut self.regs[i];
@@ -1582,6 +1627,15 @@ impl World {
         if f.partitions {
             kinds.push(2);
         }
+        let pausable: Vec<HostId> = self
+            .hosts()
+            .into_iter()
+            .filter(|h| !matches!(h, HostId::PoolUser(_)))
+            .filter(|h| self.alive(*h) && !self.paused.contains_key(h))
+            .collect();
+        if f.pauses && !pausable.is_empty() {
+            kinds.push(3);
+        }
         if !kinds.is_empty() {
             match kinds[self.rng.random_range(0..kinds.len())] {
                 0 => {
@@ -1597,11 +1651,26 @@ impl World {
                     let j = alive[self.rng.random_range(0..alive.len())];
                     self.crash(HostId::PoolElement(j));
                 }
-                _ => self.partition(),
+                2 => self.partition(),
+                _ => {
+                    let h = pausable[self.rng.random_range(0..pausable.len())];
+                    self.pause(h);
+                }
             }
         }
         let next = self.exp(f.mean_interval);
         self.schedule(self.now + next, Ev::Fault);
+    }
+
+    fn pause(&mut self, h: HostId) {
+        let d = self.uniform(Duration::from_secs(1), Duration::from_secs(30));
+        let until = self.now + d;
+        self.stats.pauses += 1;
+        self.paused.insert(h, until);
+        self.paused_recently.insert(h, until + PARTITION_SETTLE);
+        self.note(|| format!("PAUSE {h} for {:.3} s", d.as_secs_f64()));
+        self.hash(10, 0, &[]);
+        self.schedule(until, Ev::Resume(h));
     }
 
     fn partition(&mut self) {
@@ -1705,6 +1774,7 @@ impl World {
                 let p = &self.pes[j];
                 p.alive && !p.leaving && !p.left && p.core.is_some()
             })
+            .filter(|&j| !self.paused.contains_key(&HostId::PoolElement(j)))
             .collect();
         if !cands.is_empty() {
             let j = cands[self.rng.random_range(0..cands.len())];
@@ -1749,6 +1819,7 @@ impl World {
         self.chaos = false;
         self.note(|| "END OF CHAOS: heal, restart everything".to_string());
         self.heal();
+        self.paused.clear();
         for i in 0..self.regs.len() {
             if !self.regs[i].alive {
                 self.restart(HostId::Registrar(i));
@@ -1782,7 +1853,24 @@ impl World {
     fn takeover_won(&mut self, winner: usize, target: RegistrarId) {
         let by = self.regs[winner].id;
         self.stats.takeovers += 1;
-        let exempt = self.partition_active || self.now < self.settle_until;
+        let target_host = self
+            .regs
+            .iter()
+            .position(|r| r.id == target)
+            .map(HostId::Registrar);
+        let was_paused = target_host
+            .and_then(|h| self.paused_recently.get(&h))
+            .is_some_and(|&t| self.now < t);
+        // A takeover decided about the previous incarnation of a registrar that has just
+        // restarted (with the same ID) is about a dead registrar.
+        let just_restarted = target_host.is_some_and(|h| match h {
+            HostId::Registrar(i) => {
+                self.regs[i].inc > 0 && self.now < self.regs[i].started_at + PARTITION_SETTLE
+            }
+            _ => false,
+        });
+        let exempt =
+            self.partition_active || self.now < self.settle_until || was_paused || just_restarted;
         // The incarnation of the target as it is now (a dead registrar keeps the number it
         // died with until it restarts).
         let inc = self
