@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod config;
+pub mod fixtures;
 mod report;
 mod world;
 

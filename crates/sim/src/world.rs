@@ -2,6 +2,7 @@
 //! in virtual time, faults, workload, and the invariants checked after every step.
 
 use crate::config::{Mutation, SimConfig};
+use crate::fixtures::sctp_peer;
 use crate::report::{Failure, Outcome, Stats};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -9,8 +10,7 @@ use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
 use rserpool_endpoint::pu::{RequestId, Resolver, ResolverConfig, ResolverEvent};
 use rserpool_registrar::enrp::{Enrp, EnrpConfig, EnrpDestination, EnrpEvent, Source};
 use rserpool_registrar::{
-    AnnounceConfig, AssociationId, AssociationKind, Destination, PeerInfo, Profile, Registrar,
-    RegistrarConfig,
+    AnnounceConfig, AssociationId, Destination, Profile, Registrar, RegistrarConfig,
 };
 use rserpool_wire::asap::AsapMessage;
 use rserpool_wire::enrp::EnrpMessage;
@@ -915,11 +915,7 @@ impl World {
                         reg.association_up(
                             now,
                             AssociationId(id),
-                            PeerInfo {
-                                kind: AssociationKind::Sctp,
-                                addresses: vec![peer.ip()],
-                                port: peer.port(),
-                            },
+                            sctp_peer(peer.ip(), peer.port()),
                         );
                         enrp.after_asap(reg);
                     }
