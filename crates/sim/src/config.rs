@@ -154,6 +154,9 @@ pub struct SimConfig {
     pub enrp_multicast: bool,
     /// A restarted registrar comes back with the same registrar ID (else a new one).
     pub restart_same_id: bool,
+    /// Each host's clock runs fast or slow by up to this many parts per million (drawn per
+    /// host); 0 keeps every clock exact.
+    pub max_drift_ppm: u32,
     /// How long after a PE crashed or left a registrar may still list it.
     pub listing_grace: Duration,
     /// Check the invariants that scan every handlespace only every this many steps (1: every
@@ -208,6 +211,7 @@ impl SimConfig {
             announces: r.random_bool(0.5),
             enrp_multicast: r.random_bool(0.5),
             restart_same_id: r.random_bool(0.5),
+            max_drift_ppm: 0,
             listing_grace: Duration::from_secs(120),
             full_check_every: 1,
             max_steps: 5_000_000,
@@ -216,6 +220,11 @@ impl SimConfig {
         };
         // Drawn last, so that adding it left the earlier draws of every seed as they were.
         c.faults.pauses = r.random_bool(0.5);
+        c.max_drift_ppm = if r.random_bool(0.5) {
+            r.random_range(1..=20_000)
+        } else {
+            0
+        };
         c
     }
 }

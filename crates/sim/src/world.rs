@@ -220,6 +220,8 @@ pub struct World {
     /// Every host by address, and every PE by identifier (fixed for the run).
     by_ip: BTreeMap<IpAddr, HostId>,
     pe_by_id: BTreeMap<PoolElementId, usize>,
+    /// Each host's clock drift in parts per million (fixed for the run).
+    drift: BTreeMap<HostId, i64>,
     /// Paused hosts and until when.
     paused: BTreeMap<HostId, Duration>,
     /// Until when a host counts as recently paused (takeovers of it are expected).
@@ -260,6 +262,7 @@ impl World {
             next_reg_id: 0,
             by_ip: BTreeMap::new(),
             pe_by_id: BTreeMap::new(),
+            drift: BTreeMap::new(),
             paused: BTreeMap::new(),
             paused_recently: BTreeMap::new(),
         };
@@ -343,6 +346,11 @@ impl World {
                 .rng
                 .random_range(0..=self.cfg.link.host_delay_max.as_nanos() as u64);
             self.host_delay.insert(h, Duration::from_nanos(d));
+            let m = i64::from(self.cfg.max_drift_ppm);
+            if m > 0 {
+                let ppm = self.rng.random_range(-m..=m);
+                self.drift.insert(h, ppm);
+            }
         }
         for i in 0..nr {
             self.start_registrar(i);
@@ -405,6 +413,34 @@ impl World {
         let base = self.cfg.link.delay_min + self.host_delay[&a] + self.host_delay[&b];
         let j = self.cfg.link.jitter;
         base + self.uniform(Duration::ZERO, j)
+    }
+
+    /// Host `h`'s clock at global time `t`: it runs `drift` parts per million fast or slow.
+    fn local_at(&self, h: HostId, t: Duration) -> Duration {
+        let ppm = i128::from(self.drift.get(&h).copied().unwrap_or(0));
+        let n = t.as_nanos() as i128;
+        Duration::from_nanos((n + n * ppm / 1_000_000).max(0) as u64)
+    }
+
+    /// Host `h`'s clock now (what its cores are told).
+    fn local(&self, h: HostId) -> Duration {
+        self.local_at(h, self.now)
+    }
+
+    /// The first global time at which host `h`'s clock shows `local` (or later).
+    fn global_of(&self, h: HostId, local: Duration) -> Duration {
+        let ppm = i128::from(self.drift.get(&h).copied().unwrap_or(0));
+        let l = local.as_nanos() as i128;
+        let mut g = Duration::from_nanos(
+            ((l * 1_000_000 + 999_999 + ppm) / (1_000_000 + ppm)).max(0) as u64,
+        );
+        while self.local_at(h, g) < local {
+            g += Duration::from_nanos(1);
+        }
+        while g > Duration::ZERO && self.local_at(h, g - Duration::from_nanos(1)) >= local {
+            g -= Duration::from_nanos(1);
+        }
+        g
     }
 
     fn cut(&self, a: HostId, b: HostId) -> bool {
@@ -909,7 +945,7 @@ impl World {
         match h {
             HostId::Registrar(i) => {
                 if service == Service::Asap {
-                    let now = self.now;
+                    let now = self.local(h);
                     if let Some(c) = self.regs[i].core.as_mut() {
                         let (reg, enrp) = &mut **c;
                         reg.association_up(
@@ -923,7 +959,7 @@ impl World {
                 self.flush(h);
             }
             HostId::PoolElement(j) => {
-                let now = self.now;
+                let now = self.local(h);
                 let p = &mut self.pes[j];
                 if !inbound && p.pending == Some(id) {
                     p.pending = None;
@@ -945,13 +981,13 @@ impl World {
                 self.flush(h);
             }
             HostId::PoolUser(k) => {
-                let now = self.now;
+                let (global, now) = (self.now, self.local(h));
                 let p = &mut self.pus[k];
                 if p.connecting == Some(id) {
                     p.connecting = None;
                     p.assoc = Some(id);
                     p.failed_round = 0;
-                    p.last_connected = now;
+                    p.last_connected = global;
                     p.resolver.connected(now);
                     self.flush(h);
                 } else {
@@ -974,7 +1010,7 @@ impl World {
             return;
         };
         self.note(|| format!("{h}: connect #{id} failed"));
-        let now = self.now;
+        let now = self.local(h);
         match h {
             HostId::Registrar(i) => {
                 let r = &mut self.regs[i];
@@ -1020,7 +1056,7 @@ impl World {
         self.hash(4, id, &[]);
         self.note(|| format!("{h}: association #{id} down"));
         let service = self.assocs[&id].service;
-        let now = self.now;
+        let now = self.local(h);
         match h {
             HostId::Registrar(i) => {
                 let r = &mut self.regs[i];
@@ -1098,6 +1134,7 @@ impl World {
             return;
         }
         self.hash(5, 0, &[]);
+        let now = self.local(h);
         match h {
             HostId::Registrar(i) => {
                 if let Some(c) = self.regs[i].core.as_mut() {
@@ -1122,7 +1159,7 @@ impl World {
     }
 
     fn on_datagram(&mut self, to: HostId, from: SocketAddr, bytes: &[u8]) {
-        let now = self.now;
+        let now = self.local(to);
         match to {
             HostId::Registrar(i) => {
                 if let Some(c) = self.regs[i].core.as_mut() {
@@ -1141,7 +1178,7 @@ impl World {
     }
 
     fn reg_message(&mut self, i: usize, id: u64, service: Service, bytes: &[u8]) {
-        let now = self.now;
+        let now = self.local(HostId::Registrar(i));
         if let Some(c) = self.regs[i].core.as_mut() {
             let (reg, enrp) = &mut **c;
             match service {
@@ -1158,7 +1195,7 @@ impl World {
     }
 
     fn pe_message(&mut self, j: usize, id: u64, bytes: &[u8]) {
-        let now = self.now;
+        let now = self.local(HostId::PoolElement(j));
         let mutated = self.cfg.mutation == Some(Mutation::SilentPoolElements);
         let p = &mut self.pes[j];
         if let Some(c) = p.core.as_mut() {
@@ -1178,7 +1215,7 @@ impl World {
     }
 
     fn pu_message(&mut self, k: usize, id: u64, bytes: &[u8]) {
-        let now = self.now;
+        let now = self.local(HostId::PoolUser(k));
         if self.pus[k].assoc == Some(id) {
             self.pus[k].resolver.message(now, bytes);
         }
@@ -1205,6 +1242,7 @@ impl World {
             HostId::PoolElement(j) => self.pes[j].core.as_ref().and_then(|c| c.poll_timeout()),
             HostId::PoolUser(k) => self.pus[k].resolver.poll_timeout(),
         };
+        let next = next.map(|t| self.global_of(h, t));
         let armed = match h {
             HostId::Registrar(i) => &mut self.regs[i].armed,
             HostId::PoolElement(j) => &mut self.pes[j].armed,
@@ -1454,7 +1492,7 @@ impl World {
     // ----- Hosts starting and stopping -----
 
     fn start_registrar(&mut self, i: usize) {
-        let now = self.now;
+        let now = self.local(HostId::Registrar(i));
         let seed = self.rng.random::<u64>();
         let profile = Profile::Rsplib;
         let mut rc = RegistrarConfig::new(profile);
@@ -1498,7 +1536,7 @@ impl World {
     }
 
     fn start_pe(&mut self, j: usize) {
-        let now = self.now;
+        let now = self.local(HostId::PoolElement(j));
         let p = &self.pes[j];
         let mut pc = PoolElementConfig::new(
             p.pool.clone(),
@@ -1776,7 +1814,7 @@ impl World {
             let j = cands[self.rng.random_range(0..cands.len())];
             self.stats.departures += 1;
             self.note(|| format!("PE{j} leaves its pool"));
-            let now = self.now;
+            let now = self.local(HostId::PoolElement(j));
             let p = &mut self.pes[j];
             p.leaving = true;
             if let Some(c) = p.core.as_mut() {
@@ -1790,9 +1828,9 @@ impl World {
 
     fn on_resolve(&mut self, k: usize) {
         let pool = self.pools[self.rng.random_range(0..self.pools.len())].clone();
-        let now = self.now;
+        let (now, local) = (self.now, self.local(HostId::PoolUser(k)));
         let p = &mut self.pus[k];
-        let r = p.resolver.resolve(now, pool.clone());
+        let r = p.resolver.resolve(local, pool.clone());
         p.outstanding.insert(r, (pool, now));
         if p.assoc.is_none() && p.connecting.is_none() {
             self.pu_connect(k);
@@ -1906,11 +1944,17 @@ impl World {
         // Every request of a PU ends (answered or failed with a cause) in bounded time.
         let now = self.now;
         for (k, p) in self.pus.iter().enumerate() {
+            let h = HostId::PoolUser(k);
             let bound = p.resolver.config().response_timeout;
+            // The resolver's deadline is on its own clock.
+            let due = |asked: Duration| {
+                let start = self.local_at(h, asked.max(p.last_connected));
+                self.global_of(h, start + bound)
+            };
             if let Some((r, (pool, asked))) = p
                 .outstanding
                 .iter()
-                .find(|(_, (_, asked))| now > (*asked).max(p.last_connected) + bound)
+                .find(|(_, (_, asked))| now > due(*asked))
             {
                 let msg = format!(
                     "PU{k}: request {r:?} for {pool} asked at {asked:?} neither answered nor failed by {now:?}"
@@ -2047,6 +2091,32 @@ impl World {
                     return;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drifting_clocks_convert_both_ways_exactly() {
+        let mut w = World::new(SimConfig::from_seed(1));
+        let h = HostId::Registrar(0);
+        for ppm in [-20_000i64, -1, 0, 7, 20_000] {
+            w.drift.insert(h, ppm);
+            for l in [0u64, 1, 999, 1_000_000_007, 123_456_789_012] {
+                let local = Duration::from_nanos(l);
+                let g = w.global_of(h, local);
+                assert!(w.local_at(h, g) >= local, "ppm {ppm}, local {l}");
+                if g > Duration::ZERO {
+                    assert!(w.local_at(h, g - Duration::from_nanos(1)) < local);
+                }
+            }
+            // A fast clock shows more than the global time, a slow one less.
+            let t = Duration::from_secs(100);
+            assert_eq!(w.local_at(h, t) > t, ppm > 0);
+            assert_eq!(w.local_at(h, t) < t, ppm < 0);
         }
     }
 }
