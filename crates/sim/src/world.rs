@@ -1892,9 +1892,13 @@ impl World {
             .iter()
             .position(|r| r.id == target)
             .map(HostId::Registrar);
-        let was_paused = target_host
-            .and_then(|h| self.paused_recently.get(&h))
-            .is_some_and(|&t| self.now < t);
+        // A paused registrar drops out of its peers' tables as a partitioned one does, and
+        // comes back with its own view: like a partition, a pause of any registrar (the target
+        // or another) exempts the takeovers around it.
+        let was_paused = self
+            .paused_recently
+            .iter()
+            .any(|(h, &t)| matches!(h, HostId::Registrar(_)) && self.now < t);
         // A takeover decided about the previous incarnation of a registrar that has just
         // restarted (with the same ID) is about a dead registrar.
         let just_restarted = target_host.is_some_and(|h| match h {
