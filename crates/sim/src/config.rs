@@ -148,6 +148,9 @@ pub struct SimConfig {
     pub churn: Option<Duration>,
     /// Mean time between two handle resolutions of one pool user.
     pub resolve_interval: Duration,
+    /// Probability that a pool user reports a live PE of an answer unreachable (a mistaken or
+    /// lying pool user); PEs that are gone are always reported.
+    pub false_reports: f64,
     /// Registrars send ASAP_SERVER_ANNOUNCEs that PEs hunt with.
     pub announces: bool,
     /// ENRP PRESENCE goes to the multicast group too (peers then need not all be configured).
@@ -208,6 +211,7 @@ impl SimConfig {
                 .random_bool(0.6)
                 .then(|| Duration::from_secs(r.random_range(10..60))),
             resolve_interval: Duration::from_secs(2),
+            false_reports: 0.05,
             announces: r.random_bool(0.5),
             enrp_multicast: r.random_bool(0.5),
             restart_same_id: r.random_bool(0.5),

@@ -81,6 +81,10 @@ pub struct Stats {
     pub resolutions: u64,
     /// Handle resolutions failed (with a cause).
     pub resolutions_failed: u64,
+    /// ENDPOINT_UNREACHABLE reports sent by pool users.
+    pub unreachable_reports: u64,
+    /// PEs removed because of such reports (after a failed probe).
+    pub reported_away: u64,
 }
 
 impl Stats {
@@ -103,6 +107,8 @@ impl Stats {
         self.takeovers += o.takeovers;
         self.resolutions += o.resolutions;
         self.resolutions_failed += o.resolutions_failed;
+        self.unreachable_reports += o.unreachable_reports;
+        self.reported_away += o.reported_away;
     }
 }
 
@@ -112,7 +118,8 @@ impl fmt::Display for Stats {
             f,
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
-             restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed",
+             restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
+             removed on reports",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -129,7 +136,9 @@ impl fmt::Display for Stats {
             self.departures,
             self.takeovers,
             self.resolutions,
-            self.resolutions_failed
+            self.resolutions_failed,
+            self.unreachable_reports,
+            self.reported_away
         )
     }
 }

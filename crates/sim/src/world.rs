@@ -11,6 +11,7 @@ use rserpool_endpoint::pu::{RequestId, Resolver, ResolverConfig, ResolverEvent};
 use rserpool_registrar::enrp::{Enrp, EnrpConfig, EnrpDestination, EnrpEvent, Source};
 use rserpool_registrar::{
     AnnounceConfig, AssociationId, Destination, Profile, Registrar, RegistrarConfig,
+    RegistrarEvent, RemovalCause,
 };
 use rserpool_wire::asap::AsapMessage;
 use rserpool_wire::enrp::EnrpMessage;
@@ -1263,6 +1264,7 @@ impl World {
         let mut enrp_out = Vec::new();
         let mut asap_out = Vec::new();
         let mut won = Vec::new();
+        let mut reported_away = Vec::new();
         {
             let Some(c) = self.regs[i].core.as_mut() else {
                 return;
@@ -1291,6 +1293,14 @@ impl World {
                 }
             }
             while let Some(e) = reg.poll_event() {
+                if let RegistrarEvent::Removed {
+                    pe_id,
+                    cause: RemovalCause::UnreachableReports,
+                    ..
+                } = &e
+                {
+                    reported_away.push(*pe_id);
+                }
                 if self.trace.is_some() {
                     let line = format!("{h}: {e:?}");
                     if let Some(t) = self.trace.as_mut() {
@@ -1305,6 +1315,9 @@ impl World {
         }
         for target in won {
             self.takeover_won(i, target);
+        }
+        for pe in reported_away {
+            self.removed_by_reports(i, pe);
         }
         for t in enrp_out {
             match t.destination {
@@ -1430,6 +1443,7 @@ impl World {
 
     fn flush_pu(&mut self, k: usize) {
         let h = HostId::PoolUser(k);
+        let mut to_report = Vec::new();
         let out: Vec<Vec<u8>> =
             std::iter::from_fn(|| self.pus[k].resolver.poll_transmit()).collect();
         if let Some(a) = self.pus[k].assoc {
@@ -1457,6 +1471,19 @@ impl World {
                         return;
                     }
                     self.stats.resolutions += 1;
+                    // The PU tries the PEs it got: a dead one is reported unreachable, and now
+                    // and then a live one too (a mistaken or lying pool user).
+                    for pe in &resolution.pool_elements {
+                        let dead = self
+                            .pe_by_id
+                            .get(&pe.id)
+                            .is_none_or(|&j| self.pes[j].core.is_none());
+                        let falsely = self.cfg.false_reports > 0.0
+                            && self.rng.random_bool(self.cfg.false_reports);
+                        if dead || falsely {
+                            to_report.push((resolution.pool_handle.clone(), pe.id));
+                        }
+                    }
                     (*request, resolution.pool_handle.clone())
                 }
                 ResolverEvent::Failed {
@@ -1485,6 +1512,20 @@ impl World {
                     );
                     return;
                 }
+            }
+        }
+        if to_report.is_empty() {
+            return;
+        }
+        for (pool, pe) in &to_report {
+            self.stats.unreachable_reports += 1;
+            self.pus[k].resolver.report_unreachable(pool, *pe);
+        }
+        let out: Vec<Vec<u8>> =
+            std::iter::from_fn(|| self.pus[k].resolver.poll_transmit()).collect();
+        if let Some(a) = self.pus[k].assoc {
+            for b in out {
+                self.send(a, h, &b);
             }
         }
     }
@@ -1939,6 +1980,28 @@ impl World {
         if set.len() > 1 {
             let msg = format!("takeover of {target:?} won by {:?}", set);
             self.fail("takeover_unique", msg);
+        }
+    }
+
+    /// A PE removed because pool users reported it unreachable must have failed the probe the
+    /// reports triggered: on an undisturbed network, a live PE never is (RFC 5352 §3.5, RFC 5355
+    /// §3.12: reports alone remove nothing).
+    fn removed_by_reports(&mut self, registrar: usize, pe_id: PoolElementId) {
+        self.stats.reported_away += 1;
+        let Some(&j) = self.pe_by_id.get(&pe_id) else {
+            return;
+        };
+        let disturbed = self.partition_active
+            || self.now < self.settle_until
+            || (self.chaos && self.cfg.link.loss > 0.0)
+            || self.paused_recently.values().any(|&t| self.now < t);
+        let p = &self.pes[j];
+        let answering = p.alive && p.core.is_some() && !p.leaving && p.home.is_some();
+        if answering && !disturbed {
+            let msg = format!(
+                "R{registrar} removed PE{j} ({pe_id}) on unreachable reports although it is alive and answering"
+            );
+            self.fail("reports_remove_only_dead", msg);
         }
     }
 
