@@ -1294,12 +1294,12 @@ impl World {
             }
             while let Some(e) = reg.poll_event() {
                 if let RegistrarEvent::Removed {
+                    pool_handle,
                     pe_id,
                     cause: RemovalCause::UnreachableReports,
-                    ..
                 } = &e
                 {
-                    reported_away.push(*pe_id);
+                    reported_away.push((pool_handle.clone(), *pe_id));
                 }
                 if self.trace.is_some() {
                     let line = format!("{h}: {e:?}");
@@ -1316,8 +1316,8 @@ impl World {
         for target in won {
             self.takeover_won(i, target);
         }
-        for pe in reported_away {
-            self.removed_by_reports(i, pe);
+        for (pool, pe) in reported_away {
+            self.removed_by_reports(i, &pool, pe);
         }
         for t in enrp_out {
             match t.destination {
@@ -1986,8 +1986,18 @@ impl World {
     /// A PE removed because pool users reported it unreachable must have failed the probe the
     /// reports triggered: on an undisturbed network, a live PE never is (RFC 5352 §3.5, RFC 5355
     /// §3.12: reports alone remove nothing).
-    fn removed_by_reports(&mut self, registrar: usize, pe_id: PoolElementId) {
+    fn removed_by_reports(&mut self, registrar: usize, pool: &PoolHandle, pe_id: PoolElementId) {
         self.stats.reported_away += 1;
+        // A restarted PE claiming its identifier on a new association waits for the probe of
+        // the old one; when that fails, the old registration goes and the new one takes its
+        // place in the same step: nothing live was lost.
+        let listed = self.regs[registrar]
+            .core
+            .as_ref()
+            .is_some_and(|c| c.0.handlespace().find(pool, pe_id).is_some());
+        if listed {
+            return;
+        }
         let Some(&j) = self.pe_by_id.get(&pe_id) else {
             return;
         };

@@ -10,7 +10,9 @@ const DEFAULT_SEEDS: u64 = 48;
 
 /// Seeds that once broke an invariant, run on every test (docs/simulation.md says what each
 /// found).
-const REGRESSION_SEEDS: &[u64] = &[0, 1, 3, 4, 6, 16, 24, 41, 48, 74, 102309, 102815, 300380];
+const REGRESSION_SEEDS: &[u64] = &[
+    0, 1, 3, 4, 6, 16, 24, 41, 48, 74, 102309, 102815, 300380, 501095, 501885,
+];
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
