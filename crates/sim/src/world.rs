@@ -2005,8 +2005,13 @@ impl World {
             || self.now < self.settle_until
             || (self.chaos && self.cfg.link.loss > 0.0)
             || self.paused_recently.values().any(|&t| self.now < t);
+        // Only a registration the PE holds now, with this registrar, is its to lose: after a
+        // restart or a move the old registration is stale by design.
         let p = &self.pes[j];
-        let answering = p.alive && p.core.is_some() && !p.leaving && p.home.is_some();
+        let registered_here = p.home.and_then(|a| self.assocs.get(&a)).is_some_and(|a| {
+            a.state == AssocState::Up && a.ends.contains(&HostId::Registrar(registrar))
+        });
+        let answering = p.alive && p.core.is_some() && !p.leaving && registered_here;
         if answering && !disturbed {
             let msg = format!(
                 "R{registrar} removed PE{j} ({pe_id}) on unreachable reports although it is alive and answering"
