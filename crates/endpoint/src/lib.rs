@@ -6,6 +6,7 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "runtime")]
 pub mod driver;
 pub mod pe;
 pub mod pu;

@@ -387,9 +387,12 @@ impl PoolElementCore {
         }
     }
 
-    /// An association to a registrar is up: register.
+    /// An association to a registrar is up: register. That registrar becomes the home, whose
+    /// ID the PE learns from its first keep-alive (a registration response carries none), so
+    /// the home of an earlier association is forgotten here.
     pub fn connected(&mut self, now: Duration) {
         if self.state != State::Done {
+            self.home = None;
             self.hunt_round = 0;
             self.register(now, true);
         }

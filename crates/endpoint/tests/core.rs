@@ -747,6 +747,47 @@ fn an_h_keep_alive_on_another_association_makes_a_new_home() {
     assert_eq!(r.pool_element.home_registrar, RegistrarId(2));
 }
 
+/// Found by the simulator (rserpool-sim seeds 0, 1, 3 and 4, invariant `home_agrees`): a PE
+/// that lost its registrar and registered with another kept naming the old one as its home.
+#[test]
+fn a_new_registrar_association_forgets_the_old_home() {
+    let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));
+    pe.start(Duration::ZERO);
+    let _ = pe.poll_connect();
+    pe.connected(MS);
+    let _ = pe.poll_transmit();
+    pe.message(2 * MS, &registration_response(false));
+    let ka = |server: u32| {
+        enc(&AsapMessage::EndpointKeepAlive(asap::EndpointKeepAlive {
+            home: false,
+            server_id: RegistrarId(server),
+            pool_handle: pool(),
+            pe_id: Some(PoolElementId(0x42)),
+        }))
+    };
+    pe.message(3 * MS, &ka(1));
+    assert_eq!(pe.home_registrar(), Some(RegistrarId(1)));
+    let _ = pe.poll_transmit();
+    // The registrar is lost; the PE registers with another one.
+    pe.disconnected(4 * MS);
+    let t = 5 * MS;
+    assert!(pe.poll_connect().is_some(), "hunting at once");
+    pe.connected(t + MS);
+    assert_eq!(
+        pe.home_registrar(),
+        None,
+        "the old home is not the home any more"
+    );
+    let AsapMessage::Registration(r) = dec(&pe.poll_transmit().unwrap()) else {
+        panic!("a registration")
+    };
+    assert_eq!(r.pool_element.home_registrar, RegistrarId(0));
+    pe.message(t + 2 * MS, &registration_response(false));
+    // Its first keep-alive names the new home.
+    pe.message(t + 3 * MS, &ka(2));
+    assert_eq!(pe.home_registrar(), Some(RegistrarId(2)));
+}
+
 #[test]
 fn a_policy_change_re_registers_at_once() {
     let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));

@@ -49,9 +49,9 @@ use std::time::Duration;
 const NIL: u32 = u32::MAX;
 
 /// The association (SCTP) or connection (TCP) a PE registered over, as the registrar numbers
-/// them. When it is lost, [`Handlespace::remove_association`] removes its PEs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AssociationId(pub u64);
+/// them (the transport's id type). When it is lost, [`Handlespace::remove_association`] removes
+/// its PEs.
+pub use rserpool_wire::AssociationId;
 
 /// Names one PE entry of a [`Handlespace`] for O(1) access. It stays valid until the PE is
 /// removed; after that, operations given it fail with [`Error::StaleEntry`] (or return `None`),

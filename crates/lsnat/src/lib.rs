@@ -19,21 +19,32 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "runtime")]
 pub mod config;
 pub mod core;
+#[cfg(feature = "runtime")]
 pub mod driver;
+#[cfg(feature = "runtime")]
 pub mod nat;
+#[cfg(feature = "runtime")]
 pub mod source;
 
+#[cfg(feature = "runtime")]
 pub use config::{Config, ConfigError, Overrides};
+#[cfg(feature = "runtime")]
 pub use driver::{start, Running};
+#[cfg(feature = "runtime")]
 pub use source::{MemberSource, RserpoolSource, SourceUpdate, StaticSource};
 
+#[cfg(feature = "runtime")]
 use anyhow::Context;
+#[cfg(feature = "runtime")]
 use std::path::PathBuf;
 
 /// Options of `rserpool lsnat`.
+#[cfg(feature = "runtime")]
 #[derive(clap::Args, Debug, Clone, Default)]
+#[cfg(feature = "runtime")]
 pub struct LsnatArgs {
     /// TOML configuration file (see docs/lsnat.md). Flags below override or replace its values.
     #[arg(long, short = 'c', value_name = "FILE")]
@@ -86,6 +97,7 @@ pub struct LsnatArgs {
     pub check: bool,
 }
 
+#[cfg(feature = "runtime")]
 impl LsnatArgs {
     /// The configuration these arguments describe.
     pub fn load(&self) -> Result<Config, ConfigError> {
@@ -119,6 +131,7 @@ impl LsnatArgs {
 }
 
 /// `println!` that ends the program quietly (with success) when stdout is a closed pipe.
+#[cfg(feature = "runtime")]
 fn print_line(text: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -135,6 +148,7 @@ fn print_line(text: &str) {
 /// default info),
 /// builds a tokio runtime with the configured worker threads and serves until Ctrl-C or
 /// SIGTERM.
+#[cfg(feature = "runtime")]
 pub fn run(args: &LsnatArgs) -> anyhow::Result<()> {
     let config = args.load()?;
     let _ = tracing_subscriber::fmt()
@@ -177,11 +191,13 @@ pub fn run(args: &LsnatArgs) -> anyhow::Result<()> {
 
 /// Serves `config` with its members (the RSerPool pool, or the static list) until Ctrl-C or
 /// SIGTERM.
+#[cfg(feature = "runtime")]
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     serve_with(config.clone(), member_source(&config)).await
 }
 
 /// The member source a configuration asks for.
+#[cfg(feature = "runtime")]
 pub fn member_source(config: &Config) -> Box<dyn MemberSource> {
     match &config.rserpool {
         Some(r) => Box::new(RserpoolSource::new(r.clone())),
@@ -191,6 +207,7 @@ pub fn member_source(config: &Config) -> Box<dyn MemberSource> {
 
 /// Serves `config` with members from `source` until Ctrl-C or SIGTERM. Once everything is
 /// bound, a one-line banner on stdout says where (as the registrar's does).
+#[cfg(feature = "runtime")]
 pub async fn serve_with(config: Config, source: Box<dyn MemberSource>) -> anyhow::Result<()> {
     let running = start(config, source)
         .await
@@ -214,6 +231,7 @@ pub async fn serve_with(config: Config, source: Box<dyn MemberSource>) -> anyhow
     Ok(())
 }
 
+#[cfg(feature = "runtime")]
 async fn wait_for_signal() {
     #[cfg(unix)]
     {
@@ -230,6 +248,7 @@ async fn wait_for_signal() {
 }
 
 /// A duration as people write it: "2s", "1m 30s", "250ms", "0s" (never Rust's `{:?}`).
+#[cfg(feature = "runtime")]
 pub fn human(d: std::time::Duration) -> String {
     if d.is_zero() {
         return "0s".into();
@@ -244,6 +263,7 @@ pub fn human(d: std::time::Duration) -> String {
 }
 
 /// A one-paragraph description of a configuration, in words and human durations.
+#[cfg(feature = "runtime")]
 pub fn summary(c: &Config) -> String {
     let listeners: Vec<String> = c
         .listeners

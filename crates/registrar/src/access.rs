@@ -16,7 +16,7 @@
 //! names. DNS names and common names compare without regard to ASCII case; URIs and pool handles
 //! compare exactly.
 
-use rserpool_transport::PeerIdentity;
+use rserpool_wire::PeerIdentity;
 use std::fmt;
 
 /// A glob over certificate names, optionally limited to one kind of name.

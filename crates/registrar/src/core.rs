@@ -18,13 +18,13 @@ use rand::{Rng, SeedableRng};
 use rserpool_handlespace::{
     AssociationId, EntryId, Handlespace, RemovedElement, Selection, TimerKind,
 };
-use rserpool_transport::arena::MessageArena;
-use rserpool_transport::PeerIdentity;
+use rserpool_wire::arena::MessageArena;
 use rserpool_wire::asap::{self, AsapMessage, HandleResolutionRef};
 use rserpool_wire::{
-    CauseCode, Codec, DecodeError, EncodeError, ErrorCause, HandleResolutionOption, Message,
-    OperationError, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
-    RegistrationLife, TransportAddress, TransportProtocol, TransportUse, UserTransport,
+    AssociationKind, CauseCode, Codec, DecodeError, EncodeError, ErrorCause,
+    HandleResolutionOption, Message, OperationError, PeerIdentity, PoolElement, PoolElementId,
+    PoolHandle, PoolPolicy, Protocol, RegistrarId, RegistrationLife, TransportAddress,
+    TransportProtocol, TransportUse, UserTransport,
 };
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -38,23 +38,11 @@ use std::time::Duration;
 mod enrp_hooks;
 pub use enrp_hooks::{LearnRefused, OwnChange};
 
-/// How an association reaches the registrar; decides what the registrar records as a PE's ASAP
-/// transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AssociationKind {
-    /// Kernel SCTP: the association's peer addresses are all the PE's addresses.
-    Sctp,
-    /// The TCP mapping (docs/tcp-mapping.md).
-    Tcp,
-    /// Plain TCP without the mapping's frame header: pool users' handle resolutions only
-    /// (RFC 5352 §3.3).
-    PlainTcp,
-}
-
 /// What the registrar knows of a peer when its association comes up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerInfo {
-    /// Transport.
+    /// What carries the association (decides what the registrar records as a PE's ASAP
+    /// transport).
     pub kind: AssociationKind,
     /// The peer's addresses (all of them, for SCTP).
     pub addresses: Vec<IpAddr>,
@@ -801,7 +789,9 @@ impl Registrar {
             pe.asap_transport = Some(TransportAddress {
                 protocol: match peer.kind {
                     AssociationKind::Sctp => TransportProtocol::Sctp,
-                    AssociationKind::Tcp | AssociationKind::PlainTcp => TransportProtocol::Tcp,
+                    AssociationKind::TcpMapped | AssociationKind::TcpPlain => {
+                        TransportProtocol::Tcp
+                    }
                 },
                 port: peer.port,
                 transport_use: TransportUse::DataOnly,
@@ -967,7 +957,7 @@ impl Registrar {
                 );
             }
             let check_peer = self.config.check_user_transport_addresses
-                && peer.kind != AssociationKind::PlainTcp;
+                && peer.kind != AssociationKind::TcpPlain;
             let min_scope = self.config.min_address_scope;
             let (keep, drop): (Vec<IpAddr>, Vec<IpAddr>) = t.addresses.iter().partition(|a| {
                 AddressScope::of(a) >= min_scope && (!check_peer || peer.addresses.contains(a))

@@ -2,16 +2,14 @@
 //! mapping, plus plain-TCP ASAP for pool users), sends server announces by multicast, logs every
 //! event and serves the metrics.
 
-use crate::core::{AssociationKind, Destination, PeerInfo, Registrar, RegistrarEvent};
+use crate::core::{Destination, PeerInfo, Registrar, RegistrarEvent};
 use crate::enrp::io::{EnrpDriverConfig, EnrpSide, Input};
 use crate::metrics::Metrics;
 use crate::outbox::{self, Outbox};
 use crate::RegistrarConfig;
-use rserpool_handlespace::AssociationId;
 use rserpool_transport::multicast::{Interface, MulticastConfig, MulticastSocket};
 use rserpool_transport::{
-    AssociationKind as TransportAssociationKind, Endpoint, EndpointConfig, EndpointHandle, Event,
-    TransportChoice, TransportError, TransportKind,
+    Endpoint, EndpointConfig, EndpointHandle, Event, TransportChoice, TransportError, TransportKind,
 };
 use rserpool_wire::{TransportAddress, TransportProtocol, TransportUse};
 use std::future::Future;
@@ -419,17 +417,12 @@ fn on_transport_event(
             peer_identity,
             ..
         } => {
-            let kind = match kind {
-                TransportAssociationKind::Sctp => AssociationKind::Sctp,
-                TransportAssociationKind::TcpMapped => AssociationKind::Tcp,
-                TransportAssociationKind::TcpPlain => AssociationKind::PlainTcp,
-            };
             let port = peer_addrs.first().map(|a| a.port()).unwrap_or(0);
             let mut addresses: Vec<_> = peer_addrs.iter().map(|a| a.ip()).collect();
             addresses.dedup();
             core.association_up_with_identity(
                 now,
-                AssociationId(id.0),
+                id,
                 PeerInfo {
                     kind,
                     addresses,
@@ -438,16 +431,14 @@ fn on_transport_event(
                 peer_identity,
             );
         }
-        Event::Message { id, ppid, data, .. } => {
-            core.message(now, AssociationId(id.0), ppid, &data)
-        }
+        Event::Message { id, ppid, data, .. } => core.message(now, id, ppid, &data),
         Event::AssociationDown { id, reason } => {
             tracing::debug!(association = id.0, %reason, "association down");
-            outbox.forget(AssociationId(id.0));
+            outbox.forget(id);
             if let Some(e) = enrp {
-                e.asap_association_down(AssociationId(id.0));
+                e.asap_association_down(id);
             }
-            core.association_down(now, AssociationId(id.0));
+            core.association_down(now, id);
         }
         Event::PeerAddressChange { id, addr, state } => {
             tracing::debug!(association = id.0, %addr, ?state, "peer address change");
@@ -513,9 +504,7 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
                 limit,
                 "association refused: association limit reached"
             );
-            let _ = handle
-                .abort(rserpool_transport::AssociationId(association.0))
-                .await;
+            let _ = handle.abort(*association).await;
         }
         // New PEs at info; re-registrations, which every PE sends every few seconds, at debug.
         RegistrarEvent::Registered {
@@ -606,7 +595,7 @@ async fn log_event(handle: &EndpointHandle, e: &RegistrarEvent) {
             pool_handle,
         } => {
             let peer = handle
-                .association(rserpool_transport::AssociationId(association.0))
+                .association(*association)
                 .and_then(|a| a.peer_addrs.first().copied());
             tracing::warn!(
                 association = association.0,

@@ -7,11 +7,14 @@
 pub mod access;
 mod config;
 mod core;
+#[cfg(feature = "runtime")]
 pub mod driver;
 mod encoded_pes;
 pub mod enrp;
+#[cfg(feature = "runtime")]
 mod http;
 mod metrics;
+#[cfg(feature = "runtime")]
 mod outbox;
 mod rate;
 mod security;
@@ -19,8 +22,7 @@ mod security;
 pub use crate::access::{AccessRefusal, AccessRules};
 pub use crate::config::{AddressScope, AnnounceConfig, Profile, RateLimit, RegistrarConfig};
 pub use crate::core::{
-    AssociationKind, Destination, LearnRefused, OwnChange, PeerInfo, Registrar, RegistrarEvent,
-    Transmit,
+    Destination, LearnRefused, OwnChange, PeerInfo, Registrar, RegistrarEvent, Transmit,
 };
 pub use crate::metrics::{Metrics, RateLimited, RemovalCause, SecurityRefusal};
-pub use rserpool_handlespace::AssociationId;
+pub use rserpool_wire::{AssociationId, AssociationKind};

@@ -227,6 +227,7 @@ impl Metrics {
     }
 
     /// Takes the transport's TLS counters.
+    #[cfg(feature = "runtime")]
     pub(crate) fn set_transport(&mut self, s: &rserpool_transport::EndpointStats) {
         self.tls_handshakes = s.tls_handshakes;
         self.tls_handshake_failures = s.tls_handshake_failures;

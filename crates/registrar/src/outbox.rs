@@ -66,7 +66,7 @@ impl Outbox {
             let Some(q) = self.queues.get_mut(&a) else {
                 continue;
             };
-            let id = rserpool_transport::AssociationId(a.0);
+            let id = a;
             let mut gone = false;
             while let Some((ppid, bytes)) = q.pop_front() {
                 let more = !q.is_empty();

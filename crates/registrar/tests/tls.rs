@@ -89,7 +89,7 @@ impl Core {
             Duration::ZERO,
             a,
             PeerInfo {
-                kind: AssociationKind::Tcp,
+                kind: AssociationKind::TcpMapped,
                 addresses: vec![addr.parse().unwrap()],
                 port: 4000,
             },

@@ -1,177 +1,13 @@
 //! The registrar core with the PE and PU cores of rserpool-endpoint, wired together in virtual
 //! time: registration and keep-alives over minutes, a PE that falls silent, resolution with a
-//! cache, and unreachable reports.
+//! cache, and unreachable reports. The harness is rserpool-sim's `SingleRegistrar`.
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
-use rserpool_endpoint::pu::{ResolveError, Resolver, ResolverConfig, ResolverEvent};
-use rserpool_registrar::{
-    AssociationId, AssociationKind, Destination, PeerInfo, Profile, Registrar, RegistrarConfig,
-    RemovalCause,
-};
-use rserpool_wire::{
-    PoolHandle, PoolPolicy, RegistrarId, TransportAddress, TransportUse, UserTransport,
-};
+use rserpool_endpoint::pe::PeEvent;
+use rserpool_endpoint::pu::{ResolveError, ResolverEvent};
+use rserpool_registrar::{AssociationId, RemovalCause};
+use rserpool_sim::fixtures::{sctp_peer, SingleRegistrar as World};
+use rserpool_wire::{PoolHandle, RegistrarId};
 use std::time::Duration;
-
-struct World {
-    now: Duration,
-    registrar: Registrar,
-    pes: Vec<(AssociationId, PoolElementCore, bool)>,
-    pu: (AssociationId, Resolver),
-    pu_events: Vec<ResolverEvent>,
-    pe_events: Vec<(usize, PeEvent)>,
-}
-
-impl World {
-    fn new(n_pes: usize, stale_cache: Duration) -> Self {
-        let mut config = RegistrarConfig::new(Profile::Rsplib);
-        config.registrar_id = RegistrarId(0xfeed);
-        config.seed = Some(1);
-        config.announce = None;
-        let mut registrar = Registrar::new(config, Duration::ZERO);
-        let mut rng = StdRng::seed_from_u64(2);
-        let mut pes = Vec::new();
-        for i in 0..n_pes {
-            let addr = format!("10.0.0.{}", i + 1).parse().unwrap();
-            let a = AssociationId(i as u64 + 1);
-            registrar.association_up(
-                Duration::ZERO,
-                a,
-                PeerInfo {
-                    kind: AssociationKind::Sctp,
-                    addresses: vec![addr],
-                    port: 5000,
-                },
-            );
-            let mut pe = PoolElementCore::new(
-                PoolElementConfig::new(
-                    PoolHandle::from("EchoPool"),
-                    UserTransport::Address(TransportAddress::sctp(
-                        7,
-                        TransportUse::DataPlusControl,
-                        vec![addr],
-                    )),
-                    PoolPolicy::RoundRobin,
-                ),
-                &mut rng,
-            );
-            pe.connected(Duration::ZERO);
-            pes.push((a, pe, true));
-        }
-        let pu_assoc = AssociationId(1000);
-        registrar.association_up(
-            Duration::ZERO,
-            pu_assoc,
-            PeerInfo {
-                kind: AssociationKind::Sctp,
-                addresses: vec!["10.1.0.1".parse().unwrap()],
-                port: 6000,
-            },
-        );
-        let mut pu = Resolver::new(ResolverConfig {
-            items: Some(2),
-            stale_cache,
-            ..ResolverConfig::default()
-        });
-        pu.connected(Duration::ZERO);
-        let mut w = World {
-            now: Duration::ZERO,
-            registrar,
-            pes,
-            pu: (pu_assoc, pu),
-            pu_events: Vec::new(),
-            pe_events: Vec::new(),
-        };
-        w.pump();
-        w
-    }
-
-    /// Delivers every pending message (PEs that are `alive` answer; silent ones drop input).
-    fn pump(&mut self) {
-        loop {
-            let mut moved = false;
-            for (a, pe, alive) in &mut self.pes {
-                while let Some(b) = pe.poll_transmit() {
-                    moved = true;
-                    if *alive {
-                        self.registrar.message(self.now, *a, 11, &b);
-                    }
-                }
-            }
-            while let Some(b) = self.pu.1.poll_transmit() {
-                moved = true;
-                self.registrar.message(self.now, self.pu.0, 11, &b);
-            }
-            while let Some(t) = self.registrar.poll_transmit() {
-                moved = true;
-                let Destination::Association(a) = t.destination else {
-                    continue;
-                };
-                if a == self.pu.0 {
-                    self.pu.1.message(self.now, &t.bytes);
-                } else if let Some((_, pe, alive)) = self.pes.iter_mut().find(|(x, _, _)| *x == a) {
-                    if *alive {
-                        pe.message(self.now, &t.bytes);
-                    }
-                }
-            }
-            for (i, (_, pe, _)) in self.pes.iter_mut().enumerate() {
-                while let Some(e) = pe.poll_event() {
-                    self.pe_events.push((i, e));
-                }
-            }
-            while let Some(e) = self.pu.1.poll_event() {
-                self.pu_events.push(e);
-            }
-            if !moved {
-                break;
-            }
-        }
-    }
-
-    fn run_until(&mut self, end: Duration) {
-        loop {
-            let mut next = self.registrar.poll_timeout();
-            for (_, pe, alive) in &self.pes {
-                if *alive {
-                    next = min(next, pe.poll_timeout());
-                }
-            }
-            next = min(next, self.pu.1.poll_timeout());
-            let Some(t) = next.filter(|t| *t <= end) else {
-                break;
-            };
-            self.now = t.max(self.now);
-            self.registrar.handle_timeout(self.now);
-            for (_, pe, alive) in &mut self.pes {
-                if *alive {
-                    pe.handle_timeout(self.now);
-                }
-            }
-            self.pu.1.handle_timeout(self.now);
-            self.pump();
-        }
-        self.now = end;
-    }
-
-    fn removals(&mut self) -> Vec<RemovalCause> {
-        std::iter::from_fn(|| self.registrar.poll_event())
-            .filter_map(|e| match e {
-                rserpool_registrar::RegistrarEvent::Removed { cause, .. } => Some(cause),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-fn min(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
 
 #[test]
 fn pes_stay_registered_for_ten_minutes_and_a_silent_one_is_removed() {
@@ -285,15 +121,8 @@ fn registrar_loss_and_reconnection() {
     assert!(w.registrar.handlespace().is_empty());
     // The PE reconnects (a new association) and registers again with the same identifier.
     let b = AssociationId(77);
-    w.registrar.association_up(
-        w.now,
-        b,
-        PeerInfo {
-            kind: AssociationKind::Sctp,
-            addresses: vec!["10.0.0.1".parse().unwrap()],
-            port: 5001,
-        },
-    );
+    w.registrar
+        .association_up(w.now, b, sctp_peer("10.0.0.1".parse().unwrap(), 5001));
     w.pes[0].0 = b;
     w.pes[0].1.connected(w.now);
     w.pump();

@@ -47,7 +47,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod arena;
+pub use rserpool_wire::arena;
 mod config;
 mod endpoint;
 mod error;

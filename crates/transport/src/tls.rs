@@ -243,83 +243,44 @@ pub enum TlsError {
     OverSctp,
 }
 
-/// Who the peer of an association proved to be: the names in the leaf certificate it presented
-/// and verified against the trusted CAs. Rules (which identities may register into which pools,
-/// which may peer over ENRP) match these names.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PeerIdentity {
-    /// Common names (CN) of the certificate's subject.
-    pub common_names: Vec<String>,
-    /// DNS names of the subject alternative name extension.
-    pub dns_names: Vec<String>,
-    /// URIs of the subject alternative name extension (e.g. SPIFFE ids).
-    pub uris: Vec<String>,
-    /// SHA-256 of the leaf certificate (DER), for logs and pinning.
-    pub fingerprint: [u8; 32],
-}
+pub use rserpool_wire::PeerIdentity;
 
-impl PeerIdentity {
-    /// Reads the names of a DER-encoded certificate. A certificate rustls accepted always
-    /// parses; `None` only for bytes that are not a certificate.
-    pub fn from_der(der: &[u8]) -> Option<PeerIdentity> {
-        use x509_parser::extensions::GeneralName;
-        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-        let common_names = cert
-            .subject()
-            .iter_common_name()
-            .filter_map(|a| a.as_str().ok().map(str::to_owned))
-            .collect();
-        let mut dns_names = Vec::new();
-        let mut uris = Vec::new();
-        if let Ok(Some(san)) = cert.subject_alternative_name() {
-            for n in &san.value.general_names {
-                match n {
-                    GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
-                    GeneralName::URI(u) => uris.push((*u).to_owned()),
-                    _ => {}
-                }
+/// Reads the names of a DER-encoded certificate into a [`PeerIdentity`]. A certificate rustls
+/// accepted always parses; `None` only for bytes that are not a certificate.
+pub fn peer_identity_from_der(der: &[u8]) -> Option<PeerIdentity> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let common_names = cert
+        .subject()
+        .iter_common_name()
+        .filter_map(|a| a.as_str().ok().map(str::to_owned))
+        .collect();
+    let mut dns_names = Vec::new();
+    let mut uris = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
+                GeneralName::URI(u) => uris.push((*u).to_owned()),
+                _ => {}
             }
         }
-        let digest = ring::digest::digest(&ring::digest::SHA256, der);
-        let mut fingerprint = [0u8; 32];
-        fingerprint.copy_from_slice(digest.as_ref());
-        Some(PeerIdentity {
-            common_names,
-            dns_names,
-            uris,
-            fingerprint,
-        })
     }
-
-    /// Every name, tagged with its kind: `("cn", …)`, `("dns", …)`, `("uri", …)`.
-    pub fn names(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        self.common_names
-            .iter()
-            .map(|n| ("cn", n.as_str()))
-            .chain(self.dns_names.iter().map(|n| ("dns", n.as_str())))
-            .chain(self.uris.iter().map(|n| ("uri", n.as_str())))
-    }
-}
-
-impl fmt::Display for PeerIdentity {
-    /// `cn:pe1 dns:pe1.example.net sha256:0a1b2c3d…`: every name, then the start of the
-    /// fingerprint.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (kind, name) in self.names() {
-            write!(f, "{kind}:{} ", name.escape_debug())?;
-        }
-        f.write_str("sha256:")?;
-        for b in &self.fingerprint[..8] {
-            write!(f, "{b:02x}")?;
-        }
-        f.write_str("…")
-    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, der);
+    let mut fingerprint = [0u8; 32];
+    fingerprint.copy_from_slice(digest.as_ref());
+    Some(PeerIdentity {
+        common_names,
+        dns_names,
+        uris,
+        fingerprint,
+    })
 }
 
 /// The identity in the first certificate of a verified chain.
 pub(crate) fn identity_of(certs: Option<&[CertificateDer<'_>]>) -> Option<Arc<PeerIdentity>> {
     let leaf = certs?.first()?;
-    PeerIdentity::from_der(leaf.as_ref()).map(Arc::new)
+    peer_identity_from_der(leaf.as_ref()).map(Arc::new)
 }
 
 /// A rustls error inside an I/O error (how tokio-rustls reports TLS failures), as text.

@@ -18,13 +18,16 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod arena;
 pub mod asap;
+mod association;
 pub mod capture;
 mod codec;
 mod config;
 pub mod csp;
 pub mod enrp;
 mod error;
+mod identity;
 mod message;
 mod operation_error;
 mod params;
@@ -37,10 +40,12 @@ mod types;
 pub mod arbitrary;
 
 pub use asap::{AsapMessage, EncodedPoolElement, HandleResolutionRef};
+pub use association::{AssociationId, AssociationKind, TransportKind};
 pub use codec::UnrecognizedParameter;
 pub use config::{CodecConfig, LifeUnit, MAX_WIRE_LENGTH};
 pub use enrp::EnrpMessage;
 pub use error::{DecodeError, DecodeErrorKind, EncodeError, Span};
+pub use identity::PeerIdentity;
 pub use message::{Codec, Decoded, Message};
 pub use operation_error::{CauseCode, ErrorCause, OperationError};
 pub use params::Parameter;

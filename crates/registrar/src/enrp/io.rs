@@ -159,19 +159,15 @@ impl EnrpSide {
                     );
                     return;
                 }
-                self.core.message(
-                    now,
-                    registrar,
-                    Source::Association(AssociationId(id.0)),
-                    &data,
-                );
+                self.core
+                    .message(now, registrar, Source::Association(id), &data);
             }
             Input::Transport(Event::AssociationDown { id, reason }) => {
                 tracing::debug!(association = id.0, %reason, "ENRP association down");
                 if self.refused.remove(&id) {
                     return;
                 }
-                let a = AssociationId(id.0);
+                let a = id;
                 self.outbox.forget(a);
                 self.opened.retain(|_, v| *v != a);
                 self.core.association_down(now, registrar, a);
@@ -185,10 +181,7 @@ impl EnrpSide {
             }) => {
                 tracing::debug!(association = id.0, peer = ?peer_addrs, inbound, "ENRP association up");
                 // RFC 5355 §3.5: only registrars whose certificate the rules allow join.
-                if registrar
-                    .check_enrp_identity(AssociationId(id.0), peer_identity)
-                    .is_err()
-                {
+                if registrar.check_enrp_identity(id, peer_identity).is_err() {
                     self.refused.insert(id);
                     self.to_close.push(id);
                 }
@@ -218,7 +211,7 @@ impl EnrpSide {
         }
         match asap.connect(&[addr]).await {
             Ok(id) => {
-                let a = AssociationId(id.0);
+                let a = id;
                 self.asap_opened.insert(addr, a);
                 Some(a)
             }
@@ -242,7 +235,7 @@ impl EnrpSide {
                         Some(a) => *a,
                         None => match self.handle.connect(&addrs).await {
                             Ok(id) => {
-                                let a = AssociationId(id.0);
+                                let a = id;
                                 self.opened.insert(addrs.clone(), a);
                                 a
                             }

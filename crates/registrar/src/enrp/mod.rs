@@ -15,6 +15,7 @@
 //! §3.5 arbitration), [`metrics`].
 
 pub mod config;
+#[cfg(feature = "runtime")]
 pub mod io;
 pub mod metrics;
 mod peers;

@@ -1,0 +1,234 @@
+//! What one simulation run contains: hosts, network behaviour, faults, workload, invariant
+//! bounds. Everything not given explicitly is drawn from the seed ([`SimConfig::from_seed`]), so
+//! that a seed alone names a run.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::Duration;
+
+/// How the simulated network treats traffic between two hosts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkConfig {
+    /// Smallest one-way delay of a link; each host adds a fixed share drawn from
+    /// `[0, host_delay_max]`, so every pair of hosts has its own delay.
+    pub delay_min: Duration,
+    /// Largest per-host share of a link's delay.
+    pub host_delay_max: Duration,
+    /// Each packet's delay gets a uniform extra in `[0, jitter]` (reorders datagrams).
+    pub jitter: Duration,
+    /// Probability that a packet is lost: a datagram is gone; a message on an association is
+    /// retransmitted after [`LinkConfig::retransmission_timeout`] (each retry may be lost too).
+    pub loss: f64,
+    /// Probability that a datagram arrives twice (associations suppress duplicates, as SCTP's
+    /// TSNs and TCP's sequence numbers do).
+    pub duplicate: f64,
+    /// Retransmission timeout of an association (SCTP RTO).
+    pub retransmission_timeout: Duration,
+    /// How long an association survives without connectivity before both ends are told it is
+    /// lost (SCTP: heartbeats and Path.Max.Retrans; the TCP mapping: its keep-alive timeout).
+    pub association_timeout: Duration,
+    /// How long a connection attempt to an unreachable address takes to fail.
+    pub connect_timeout: Duration,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            delay_min: Duration::from_micros(200),
+            host_delay_max: Duration::from_millis(5),
+            jitter: Duration::from_millis(2),
+            loss: 0.0,
+            duplicate: 0.0,
+            retransmission_timeout: Duration::from_millis(500),
+            association_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Which faults a run injects while it is in its chaos phase, and how often.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Faults {
+    /// Registrars crash (all state lost) and restart.
+    pub crash_registrars: bool,
+    /// Pool elements crash (all state lost) and restart.
+    pub crash_pool_elements: bool,
+    /// The network splits into two sides (or isolates one host) and heals.
+    pub partitions: bool,
+    /// A registrar or PE stops (as with SIGSTOP) for 1–30 s: its kernel keeps the associations
+    /// up and buffers what arrives, the process neither reads, sends nor runs timers.
+    pub pauses: bool,
+    /// Mean time between two faults (exponentially distributed).
+    pub mean_interval: Duration,
+}
+
+impl Faults {
+    /// No faults at all (the network may still lose, delay and duplicate).
+    pub fn none() -> Self {
+        Faults {
+            crash_registrars: false,
+            crash_pool_elements: false,
+            partitions: false,
+            pauses: false,
+            mean_interval: Duration::from_secs(20),
+        }
+    }
+
+    /// Every kind of fault.
+    pub fn all() -> Self {
+        Faults {
+            crash_registrars: true,
+            crash_pool_elements: true,
+            partitions: true,
+            pauses: true,
+            mean_interval: Duration::from_secs(20),
+        }
+    }
+
+    /// Parses a comma-separated list of `registrar`, `pe`, `partition`, `pause`, `all` or
+    /// `none`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut f = Faults::none();
+        for w in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match w {
+                "registrar" => f.crash_registrars = true,
+                "pe" => f.crash_pool_elements = true,
+                "partition" => f.partitions = true,
+                "pause" => f.pauses = true,
+                "all" => f = Faults::all(),
+                "none" => f = Faults::none(),
+                other => {
+                    return Err(format!(
+                    "unknown fault `{other}` (expected registrar, pe, partition, pause, all, none)"
+                ))
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// A deliberate defect for tests of the simulator itself: the checker must catch each of them.
+/// Never used by a normal run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// After the first 30 s, every ENRP message from registrar 1 to registrar 0 vanishes while
+    /// their associations stay up (a broken transport that neither delivers nor reports loss), so that registrar
+    /// 0 takes a live registrar over.
+    OneWayEnrp,
+    /// Pool elements never answer keep-alives (a broken PE core), so that their registrations
+    /// are dropped while they believe they are registered.
+    SilentPoolElements,
+}
+
+/// Everything one run needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// The seed: every random choice of the run comes from it.
+    pub seed: u64,
+    /// Registrars (ASAP and ENRP cores), at least 1.
+    pub registrars: usize,
+    /// Pool elements.
+    pub pool_elements: usize,
+    /// Pool users (handle resolvers).
+    pub pool_users: usize,
+    /// Pools the PEs are spread over.
+    pub pools: usize,
+    /// Length of the chaos phase (faults and PE churn); then the network heals, crashed hosts
+    /// restart, and the quiet phase begins.
+    pub chaos: Duration,
+    /// Length of the quiet phase, at whose end the convergence invariants are checked.
+    pub quiet: Duration,
+    /// Network behaviour.
+    pub link: LinkConfig,
+    /// Faults of the chaos phase.
+    pub faults: Faults,
+    /// Mean time between two PEs leaving the pool (deregistering) in the chaos phase; they
+    /// join again later. `None`: no churn.
+    pub churn: Option<Duration>,
+    /// Mean time between two handle resolutions of one pool user.
+    pub resolve_interval: Duration,
+    /// Probability that a pool user reports a live PE of an answer unreachable (a mistaken or
+    /// lying pool user); PEs that are gone are always reported.
+    pub false_reports: f64,
+    /// Registrars send ASAP_SERVER_ANNOUNCEs that PEs hunt with.
+    pub announces: bool,
+    /// ENRP PRESENCE goes to the multicast group too (peers then need not all be configured).
+    pub enrp_multicast: bool,
+    /// A restarted registrar comes back with the same registrar ID (else a new one).
+    pub restart_same_id: bool,
+    /// Each host's clock runs fast or slow by up to this many parts per million (drawn per
+    /// host); 0 keeps every clock exact.
+    pub max_drift_ppm: u32,
+    /// How long after a PE crashed or left a registrar may still list it.
+    pub listing_grace: Duration,
+    /// Check the invariants that scan every handlespace only every this many steps (1: every
+    /// step). The cheap ones run after every step regardless.
+    pub full_check_every: u64,
+    /// Most steps of a run; more is reported as a failure (a livelock).
+    pub max_steps: u64,
+    /// Keep a readable trace of every step.
+    pub trace: bool,
+    /// A deliberate defect (tests of the checker only).
+    pub mutation: Option<Mutation>,
+}
+
+impl SimConfig {
+    /// A run drawn from `seed`: network quality, faults, whether announces and ENRP multicast
+    /// are on, and sizes (3–5 registrars, 6–16 PEs, 1–3 PUs).
+    pub fn from_seed(seed: u64) -> Self {
+        let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c0f1_9000_0000);
+        let lossy = r.random_bool(0.5);
+        let link = LinkConfig {
+            host_delay_max: Duration::from_micros(r.random_range(100..20_000)),
+            jitter: Duration::from_micros(r.random_range(0..10_000)),
+            loss: if lossy { r.random_range(0.0..0.2) } else { 0.0 },
+            duplicate: if r.random_bool(0.3) {
+                r.random_range(0.0..0.1)
+            } else {
+                0.0
+            },
+            ..LinkConfig::default()
+        };
+        let faults = Faults {
+            crash_registrars: r.random_bool(0.7),
+            crash_pool_elements: r.random_bool(0.7),
+            partitions: r.random_bool(0.6),
+            pauses: false,
+            mean_interval: Duration::from_secs(r.random_range(5..40)),
+        };
+        let mut c = SimConfig {
+            seed,
+            registrars: r.random_range(3..=5),
+            pool_elements: r.random_range(6..=16),
+            pool_users: r.random_range(1..=3),
+            pools: r.random_range(1..=3),
+            chaos: Duration::from_secs(r.random_range(60..180)),
+            quiet: Duration::from_secs(150),
+            link,
+            faults,
+            churn: r
+                .random_bool(0.6)
+                .then(|| Duration::from_secs(r.random_range(10..60))),
+            resolve_interval: Duration::from_secs(2),
+            false_reports: 0.05,
+            announces: r.random_bool(0.5),
+            enrp_multicast: r.random_bool(0.5),
+            restart_same_id: r.random_bool(0.5),
+            max_drift_ppm: 0,
+            listing_grace: Duration::from_secs(120),
+            full_check_every: 1,
+            max_steps: 5_000_000,
+            trace: false,
+            mutation: None,
+        };
+        // Drawn last, so that adding it left the earlier draws of every seed as they were.
+        c.faults.pauses = r.random_bool(0.5);
+        c.max_drift_ppm = if r.random_bool(0.5) {
+            r.random_range(1..=20_000)
+        } else {
+            0
+        };
+        c
+    }
+}

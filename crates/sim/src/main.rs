@@ -1,0 +1,162 @@
+//! `rserpool-sim`: runs many seeds and prints a summary, or replays one seed with its trace.
+//!
+//! ```text
+//! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition,pause|all|none]
+//!              [--registrars N] [--pes N] [--pus N] [--seed S] [--trace]
+//! ```
+
+use rserpool_sim::{run, Faults, Mutation, SimConfig, Stats};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+struct Args {
+    seeds: u64,
+    first: u64,
+    seed: Option<u64>,
+    trace: bool,
+    faults: Option<Faults>,
+    registrars: Option<usize>,
+    pes: Option<usize>,
+    pus: Option<usize>,
+    chaos: Option<u64>,
+    mutation: Option<Mutation>,
+    check_every: Option<u64>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        seeds: 100,
+        first: 0,
+        seed: None,
+        trace: false,
+        faults: None,
+        registrars: None,
+        pes: None,
+        pus: None,
+        chaos: None,
+        mutation: None,
+        check_every: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        let num = |name: &str, v: String| {
+            v.parse::<u64>()
+                .map_err(|e| format!("{name}: `{v}` is not a number ({e})"))
+        };
+        match flag.as_str() {
+            "--seeds" => a.seeds = num("--seeds", value("--seeds")?)?,
+            "--first" => a.first = num("--first", value("--first")?)?,
+            "--seed" => a.seed = Some(num("--seed", value("--seed")?)?),
+            "--trace" => a.trace = true,
+            "--faults" => a.faults = Some(Faults::parse(&value("--faults")?)?),
+            "--registrars" => {
+                a.registrars = Some(num("--registrars", value("--registrars")?)? as usize)
+            }
+            "--pes" => a.pes = Some(num("--pes", value("--pes")?)? as usize),
+            "--pus" => a.pus = Some(num("--pus", value("--pus")?)? as usize),
+            "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
+            "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
+            "--mutation" => {
+                a.mutation = Some(match value("--mutation")?.as_str() {
+                    "one-way-enrp" => Mutation::OneWayEnrp,
+                    "silent-pes" => Mutation::SilentPoolElements,
+                    other => {
+                        return Err(format!(
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes)"
+                        ))
+                    }
+                })
+            }
+            "-h" | "--help" => {
+                println!(
+                    "rserpool-sim: deterministic simulation of registrars, PEs and PUs\n\n\
+                     --seeds N        run N seeds (default 100)\n\
+                     --first S        first seed of the range (default 0)\n\
+                     --seed S         run only seed S\n\
+                     --trace          print the readable trace of each run\n\
+                     --faults LIST    registrar,pe,partition,pause | all | none (default: from the seed)\n\
+                     --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
+                     --chaos SECS     length of the chaos phase (default: from the seed)\n\
+                     --check-every N  scan every handlespace only every N steps (default 1)\n\
+                     --mutation M     a deliberate defect the checker must catch:\n\
+                                      one-way-enrp, silent-pes (tests of the checker)"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument `{other}` (try --help)")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rserpool-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let seeds: Vec<u64> = match args.seed {
+        Some(s) => vec![s],
+        None => (args.first..args.first + args.seeds).collect(),
+    };
+    let mut total = Stats::default();
+    let mut failures = Vec::new();
+    let started = Instant::now();
+    for &seed in &seeds {
+        let mut cfg = SimConfig::from_seed(seed);
+        cfg.trace = args.trace;
+        if let Some(f) = &args.faults {
+            // Which faults; how often stays the seed's.
+            cfg.faults = Faults {
+                mean_interval: cfg.faults.mean_interval,
+                ..f.clone()
+            };
+        }
+        if let Some(n) = args.registrars {
+            cfg.registrars = n;
+        }
+        if let Some(n) = args.pes {
+            cfg.pool_elements = n;
+        }
+        if let Some(n) = args.pus {
+            cfg.pool_users = n;
+        }
+        cfg.mutation = args.mutation;
+        if let Some(n) = args.check_every {
+            cfg.full_check_every = n;
+        }
+        if let Some(s) = args.chaos {
+            cfg.chaos = Duration::from_secs(s);
+        }
+        let o = run(cfg);
+        for line in &o.trace {
+            println!("{line}");
+        }
+        total.add(&o.stats);
+        if let Some(f) = o.failure {
+            println!("FAIL {f}");
+            failures.push(f);
+        } else if args.seed.is_some() {
+            println!("seed {seed}: ok (trace hash {:016x})", o.trace_hash);
+        }
+    }
+    let wall = started.elapsed();
+    println!(
+        "{} seeds, {} failed; {total}; {:.1} s wall, {:.0} simulated s per wall s",
+        seeds.len(),
+        failures.len(),
+        wall.as_secs_f64(),
+        total.simulated.as_secs_f64() / wall.as_secs_f64().max(1e-9)
+    );
+    for f in &failures {
+        println!("  seed {} `{}`: {}", f.seed, f.invariant, f.message);
+    }
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

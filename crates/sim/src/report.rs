@@ -1,0 +1,160 @@
+//! What a run produced: its failure (if an invariant broke), counts, the trace hash that proves
+//! a replay identical, and the readable trace when asked for.
+
+use std::fmt;
+use std::time::Duration;
+
+/// An invariant that broke: which, where, and how to replay it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The run's seed.
+    pub seed: u64,
+    /// The step after which the check failed.
+    pub step: u64,
+    /// Virtual time of that step.
+    pub time: Duration,
+    /// The invariant's name (docs/simulation.md lists them).
+    pub invariant: &'static str,
+    /// What was seen.
+    pub message: String,
+}
+
+impl Failure {
+    /// The command that replays this run with a readable trace.
+    pub fn replay_command(&self) -> String {
+        format!(
+            "SIM_SEED={} cargo test -p rserpool-sim --test seeds replay -- --nocapture   (or: scripts/sim --seed {} --trace)",
+            self.seed, self.seed
+        )
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {}: invariant `{}` broken at step {} (t = {:.6} s): {}\n  replay: {}",
+            self.seed,
+            self.invariant,
+            self.step,
+            self.time.as_secs_f64(),
+            self.message,
+            self.replay_command()
+        )
+    }
+}
+
+/// Counts of one run (or, summed, of many).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Events processed.
+    pub steps: u64,
+    /// Virtual time reached.
+    pub simulated: Duration,
+    /// Invariant checks made.
+    pub checks: u64,
+    /// Messages delivered over associations.
+    pub messages: u64,
+    /// Association retransmissions (lost packets on associations).
+    pub retransmissions: u64,
+    /// Datagrams delivered (announces, ENRP multicast PRESENCE), duplicates included.
+    pub datagrams: u64,
+    /// Datagrams lost.
+    pub datagrams_lost: u64,
+    /// Associations opened (or attempted).
+    pub associations: u64,
+    /// Associations lost because their ends could not reach each other.
+    pub associations_timed_out: u64,
+    /// Host crashes injected.
+    pub crashes: u64,
+    /// Restarts after a crash.
+    pub restarts: u64,
+    /// Partitions injected.
+    pub partitions: u64,
+    /// Pauses (SIGSTOP-like) injected.
+    pub pauses: u64,
+    /// PEs that left their pool (and rejoined later).
+    pub departures: u64,
+    /// Takeovers won by registrars.
+    pub takeovers: u64,
+    /// Handle resolutions answered.
+    pub resolutions: u64,
+    /// Handle resolutions failed (with a cause).
+    pub resolutions_failed: u64,
+    /// ENDPOINT_UNREACHABLE reports sent by pool users.
+    pub unreachable_reports: u64,
+    /// PEs removed because of such reports (after a failed probe).
+    pub reported_away: u64,
+}
+
+impl Stats {
+    /// Adds another run's counts.
+    pub fn add(&mut self, o: &Stats) {
+        self.steps += o.steps;
+        self.simulated += o.simulated;
+        self.checks += o.checks;
+        self.messages += o.messages;
+        self.retransmissions += o.retransmissions;
+        self.datagrams += o.datagrams;
+        self.datagrams_lost += o.datagrams_lost;
+        self.associations += o.associations;
+        self.associations_timed_out += o.associations_timed_out;
+        self.crashes += o.crashes;
+        self.restarts += o.restarts;
+        self.partitions += o.partitions;
+        self.pauses += o.pauses;
+        self.departures += o.departures;
+        self.takeovers += o.takeovers;
+        self.resolutions += o.resolutions;
+        self.resolutions_failed += o.resolutions_failed;
+        self.unreachable_reports += o.unreachable_reports;
+        self.reported_away += o.reported_away;
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
+             {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
+             restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
+             removed on reports",
+            self.steps,
+            self.simulated.as_secs_f64(),
+            self.checks,
+            self.messages,
+            self.retransmissions,
+            self.datagrams,
+            self.datagrams_lost,
+            self.associations,
+            self.associations_timed_out,
+            self.crashes,
+            self.restarts,
+            self.partitions,
+            self.pauses,
+            self.departures,
+            self.takeovers,
+            self.resolutions,
+            self.resolutions_failed,
+            self.unreachable_reports,
+            self.reported_away
+        )
+    }
+}
+
+/// The result of one run.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The seed.
+    pub seed: u64,
+    /// Hash over every delivered message, datagram, timer and fault with its time: two runs of
+    /// one seed must produce the same hash.
+    pub trace_hash: u64,
+    /// The first invariant that broke, if any.
+    pub failure: Option<Failure>,
+    /// Counts.
+    pub stats: Stats,
+    /// The readable trace (empty unless [`crate::SimConfig::trace`] was on).
+    pub trace: Vec<String>,
+}

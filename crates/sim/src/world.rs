@@ -1,0 +1,2204 @@
+//! The simulated world: hosts running the real cores, the network between them, the event queue
+//! in virtual time, faults, workload, and the invariants checked after every step.
+
+use crate::config::{Mutation, SimConfig};
+use crate::fixtures::sctp_peer;
+use crate::report::{Failure, Outcome, Stats};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
+use rserpool_endpoint::pu::{RequestId, Resolver, ResolverConfig, ResolverEvent};
+use rserpool_registrar::enrp::{Enrp, EnrpConfig, EnrpDestination, EnrpEvent, Source};
+use rserpool_registrar::{
+    AnnounceConfig, AssociationId, Destination, Profile, Registrar, RegistrarConfig,
+    RegistrarEvent, RemovalCause,
+};
+use rserpool_wire::asap::AsapMessage;
+use rserpool_wire::enrp::EnrpMessage;
+use rserpool_wire::{
+    Codec, Message, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId, TransportAddress,
+    TransportUse, UserTransport,
+};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// The registrars' ASAP port.
+const ASAP_PORT: u16 = 3863;
+/// The registrars' ENRP port.
+const ENRP_PORT: u16 = 9901;
+/// The port PEs and PUs hold their registrar associations on.
+const CLIENT_PORT: u16 = 5000;
+/// Window after a partition heals in which takeovers are not compared (peers were legitimately
+/// unable to see each other).
+const PARTITION_SETTLE: Duration = Duration::from_secs(30);
+
+/// A simulated host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HostId {
+    /// Registrar number n.
+    Registrar(usize),
+    /// Pool element number n.
+    PoolElement(usize),
+    /// Pool user number n.
+    PoolUser(usize),
+}
+
+impl std::fmt::Display for HostId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostId::Registrar(i) => write!(f, "R{i}"),
+            HostId::PoolElement(i) => write!(f, "PE{i}"),
+            HostId::PoolUser(i) => write!(f, "PU{i}"),
+        }
+    }
+}
+
+/// Which endpoint of a host an association belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Asap,
+    Enrp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AssocState {
+    Connecting,
+    Up,
+    Closed,
+}
+
+/// One association between two hosts: reliable, ordered, message boundaries kept; lost when the
+/// hosts cannot reach each other for the association timeout, or when one end closes or dies.
+struct Assoc {
+    ends: [HostId; 2],
+    /// Each end's incarnation when the association was made: a restarted host does not know it.
+    incs: [u32; 2],
+    addrs: [SocketAddr; 2],
+    service: Service,
+    state: AssocState,
+    /// `queues[i]`: messages on their way to `ends[i]`, with the time each can arrive.
+    queues: [VecDeque<(Duration, Rc<[u8]>)>; 2],
+    last_ready: [Duration; 2],
+    cut_since: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Timer(HostId),
+    Deliver {
+        assoc: u64,
+        side: usize,
+    },
+    Datagram {
+        to: HostId,
+        from: SocketAddr,
+        bytes: Rc<[u8]>,
+    },
+    Established(u64),
+    ConnectFailed(u64),
+    /// One end of an association learns that it is gone.
+    Down {
+        assoc: u64,
+        side: usize,
+    },
+    CheckCut(u64),
+    Fault,
+    Restart(HostId),
+    Heal,
+    Churn,
+    Rejoin(usize),
+    Resolve(usize),
+    Resume(HostId),
+    EndChaos,
+    Finish,
+}
+
+struct Queued {
+    at: Duration,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        self.at == o.at && self.seq == o.seq
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    // Earliest first out of a max-heap.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.at.cmp(&self.at).then(o.seq.cmp(&self.seq))
+    }
+}
+
+struct RegHost {
+    ip: IpAddr,
+    id: RegistrarId,
+    alive: bool,
+    inc: u32,
+    core: Option<Box<(Registrar, Enrp)>>,
+    enrp_opened: BTreeMap<Vec<SocketAddr>, u64>,
+    asap_opened: BTreeMap<SocketAddr, u64>,
+    armed: Option<Duration>,
+    /// Consecutive timer wake-ups at one instant (a core that never moves its deadline on).
+    same_instant: (Duration, u32),
+    /// When the current incarnation started.
+    started_at: Duration,
+}
+
+struct PeHost {
+    ip: IpAddr,
+    id: PoolElementId,
+    pool: PoolHandle,
+    alive: bool,
+    inc: u32,
+    core: Option<PoolElementCore>,
+    home: Option<u64>,
+    pending: Option<u64>,
+    others: Vec<u64>,
+    leaving: bool,
+    /// Left the pool (deregistered); rejoins later.
+    left: bool,
+    /// When it last stopped existing for the pool (crash or leave).
+    ended_at: Option<Duration>,
+    armed: Option<Duration>,
+    same_instant: (Duration, u32),
+}
+
+struct PuHost {
+    ip: IpAddr,
+    alive: bool,
+    inc: u32,
+    resolver: Resolver,
+    assoc: Option<u64>,
+    connecting: Option<u64>,
+    cursor: usize,
+    failed_round: usize,
+    last_connected: Duration,
+    /// Requests asked and not yet ended: request -> (pool, asked at).
+    outstanding: BTreeMap<RequestId, (PoolHandle, Duration)>,
+    armed: Option<Duration>,
+    same_instant: (Duration, u32),
+}
+
+/// The simulated world of one run.
+pub struct World {
+    cfg: SimConfig,
+    rng: ChaCha8Rng,
+    now: Duration,
+    step: u64,
+    seq: u64,
+    queue: BinaryHeap<Queued>,
+    regs: Vec<RegHost>,
+    pes: Vec<PeHost>,
+    pus: Vec<PuHost>,
+    pools: Vec<PoolHandle>,
+    assocs: BTreeMap<u64, Assoc>,
+    next_assoc: u64,
+    host_delay: BTreeMap<HostId, Duration>,
+    /// Partition side of each host (0 when healed).
+    side: BTreeMap<HostId, u8>,
+    partition_active: bool,
+    settle_until: Duration,
+    chaos: bool,
+    codec: Codec,
+    /// Takeover winners per (target ID, target incarnation), for `takeover_unique`.
+    winners: BTreeMap<(RegistrarId, u32), BTreeSet<RegistrarId>>,
+    trace_hash: u64,
+    trace: Option<Vec<String>>,
+    stats: Stats,
+    failure: Option<Failure>,
+    next_reg_id: u32,
+    /// Every host by address, and every PE by identifier (fixed for the run).
+    by_ip: BTreeMap<IpAddr, HostId>,
+    pe_by_id: BTreeMap<PoolElementId, usize>,
+    /// Each host's clock drift in parts per million (fixed for the run).
+    drift: BTreeMap<HostId, i64>,
+    /// Paused hosts and until when.
+    paused: BTreeMap<HostId, Duration>,
+    /// Until when a host counts as recently paused (takeovers of it are expected).
+    paused_recently: BTreeMap<HostId, Duration>,
+}
+
+impl World {
+    /// Builds the world of `cfg`: hosts started, first events scheduled.
+    pub fn new(cfg: SimConfig) -> World {
+        let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let pools = (0..cfg.pools.max(1))
+            .map(|i| PoolHandle::from(format!("Pool{i}").as_str()))
+            .collect();
+        let mut w = World {
+            trace: cfg.trace.then(Vec::new),
+            codec: Codec::new(RegistrarConfig::new(Profile::Rsplib).codec),
+            cfg,
+            rng,
+            now: Duration::ZERO,
+            step: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            regs: Vec::new(),
+            pes: Vec::new(),
+            pus: Vec::new(),
+            pools,
+            assocs: BTreeMap::new(),
+            next_assoc: 1,
+            host_delay: BTreeMap::new(),
+            side: BTreeMap::new(),
+            partition_active: false,
+            settle_until: Duration::ZERO,
+            chaos: true,
+            winners: BTreeMap::new(),
+            trace_hash: 0xcbf2_9ce4_8422_2325,
+            stats: Stats::default(),
+            failure: None,
+            next_reg_id: 0,
+            by_ip: BTreeMap::new(),
+            pe_by_id: BTreeMap::new(),
+            drift: BTreeMap::new(),
+            paused: BTreeMap::new(),
+            paused_recently: BTreeMap::new(),
+        };
+        w.build();
+        w
+    }
+
+    fn build(&mut self) {
+        let cfg = format!("{:?}", self.cfg);
+        self.note(|| format!("config {cfg}"));
+        let nr = self.cfg.registrars.max(1);
+        for i in 0..nr {
+            let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, i as u8 + 1));
+            self.next_reg_id += 1;
+            self.regs.push(RegHost {
+                ip,
+                id: RegistrarId(0x1000 + self.next_reg_id),
+                alive: false,
+                inc: 0,
+                core: None,
+                enrp_opened: BTreeMap::new(),
+                asap_opened: BTreeMap::new(),
+                armed: None,
+                same_instant: (Duration::ZERO, 0),
+                started_at: Duration::ZERO,
+            });
+        }
+        for j in 0..self.cfg.pool_elements {
+            let ip = IpAddr::V4(Ipv4Addr::new(10, 1, (j / 250) as u8, (j % 250) as u8 + 1));
+            let pool = self.pools[j % self.pools.len()].clone();
+            self.pes.push(PeHost {
+                ip,
+                id: PoolElementId(0x100 + j as u32),
+                pool,
+                alive: false,
+                inc: 0,
+                core: None,
+                home: None,
+                pending: None,
+                others: Vec::new(),
+                leaving: false,
+                left: false,
+                ended_at: None,
+                armed: None,
+                same_instant: (Duration::ZERO, 0),
+            });
+        }
+        for k in 0..self.cfg.pool_users {
+            let ip = IpAddr::V4(Ipv4Addr::new(10, 2, (k / 250) as u8, (k % 250) as u8 + 1));
+            self.pus.push(PuHost {
+                ip,
+                alive: true,
+                inc: 0,
+                resolver: Resolver::new(ResolverConfig {
+                    items: Some(3),
+                    ..ResolverConfig::default()
+                }),
+                assoc: None,
+                connecting: None,
+                cursor: k,
+                failed_round: 0,
+                last_connected: Duration::ZERO,
+                outstanding: BTreeMap::new(),
+                armed: None,
+                same_instant: (Duration::ZERO, 0),
+            });
+        }
+        for (i, r) in self.regs.iter().enumerate() {
+            self.by_ip.insert(r.ip, HostId::Registrar(i));
+        }
+        for (j, p) in self.pes.iter().enumerate() {
+            self.by_ip.insert(p.ip, HostId::PoolElement(j));
+            self.pe_by_id.insert(p.id, j);
+        }
+        for (k, p) in self.pus.iter().enumerate() {
+            self.by_ip.insert(p.ip, HostId::PoolUser(k));
+        }
+        let hosts = self.hosts();
+        for h in hosts {
+            let d = self
+                .rng
+                .random_range(0..=self.cfg.link.host_delay_max.as_nanos() as u64);
+            self.host_delay.insert(h, Duration::from_nanos(d));
+            let m = i64::from(self.cfg.max_drift_ppm);
+            if m > 0 {
+                let ppm = self.rng.random_range(-m..=m);
+                self.drift.insert(h, ppm);
+            }
+        }
+        for i in 0..nr {
+            self.start_registrar(i);
+        }
+        for j in 0..self.pes.len() {
+            // PEs start spread over the first second.
+            let at = Duration::from_micros(self.rng.random_range(0..1_000_000));
+            self.schedule(at, Ev::Restart(HostId::PoolElement(j)));
+        }
+        for k in 0..self.pus.len() {
+            let at = self.exp(self.cfg.resolve_interval);
+            self.schedule(at, Ev::Resolve(k));
+        }
+        let first_fault = self.exp(self.cfg.faults.mean_interval);
+        self.schedule(first_fault, Ev::Fault);
+        if let Some(m) = self.cfg.churn {
+            let at = self.exp(m);
+            self.schedule(at, Ev::Churn);
+        }
+        self.schedule(self.cfg.chaos, Ev::EndChaos);
+        self.schedule(self.cfg.chaos + self.cfg.quiet, Ev::Finish);
+    }
+
+    fn hosts(&self) -> Vec<HostId> {
+        (0..self.regs.len())
+            .map(HostId::Registrar)
+            .chain((0..self.pes.len()).map(HostId::PoolElement))
+            .chain((0..self.pus.len()).map(HostId::PoolUser))
+            .collect()
+    }
+
+    // ----- Scheduling and randomness -----
+
+    fn schedule(&mut self, at: Duration, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Queued {
+            at: at.max(self.now),
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// An exponentially distributed duration with the given mean.
+    fn exp(&mut self, mean: Duration) -> Duration {
+        let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+        mean.mul_f64(-u.ln()).min(mean * 20)
+    }
+
+    fn uniform(&mut self, lo: Duration, hi: Duration) -> Duration {
+        if hi <= lo {
+            return lo;
+        }
+        Duration::from_nanos(
+            self.rng
+                .random_range(lo.as_nanos() as u64..hi.as_nanos() as u64),
+        )
+    }
+
+    fn delay(&mut self, a: HostId, b: HostId) -> Duration {
+        let base = self.cfg.link.delay_min + self.host_delay[&a] + self.host_delay[&b];
+        let j = self.cfg.link.jitter;
+        base + self.uniform(Duration::ZERO, j)
+    }
+
+    /// Host `h`'s clock at global time `t`: it runs `drift` parts per million fast or slow.
+    fn local_at(&self, h: HostId, t: Duration) -> Duration {
+        let ppm = i128::from(self.drift.get(&h).copied().unwrap_or(0));
+        let n = t.as_nanos() as i128;
+        Duration::from_nanos((n + n * ppm / 1_000_000).max(0) as u64)
+    }
+
+    /// Host `h`'s clock now (what its cores are told).
+    fn local(&self, h: HostId) -> Duration {
+        self.local_at(h, self.now)
+    }
+
+    /// The first global time at which host `h`'s clock shows `local` (or later).
+    fn global_of(&self, h: HostId, local: Duration) -> Duration {
+        let ppm = i128::from(self.drift.get(&h).copied().unwrap_or(0));
+        let l = local.as_nanos() as i128;
+        let mut g = Duration::from_nanos(
+            ((l * 1_000_000 + 999_999 + ppm) / (1_000_000 + ppm)).max(0) as u64,
+        );
+        while self.local_at(h, g) < local {
+            g += Duration::from_nanos(1);
+        }
+        while g > Duration::ZERO && self.local_at(h, g - Duration::from_nanos(1)) >= local {
+            g -= Duration::from_nanos(1);
+        }
+        g
+    }
+
+    fn cut(&self, a: HostId, b: HostId) -> bool {
+        self.side.get(&a).copied().unwrap_or(0) != self.side.get(&b).copied().unwrap_or(0)
+    }
+
+    /// The [`Mutation::OneWayEnrp`] defect: ENRP from registrar 1 to registrar 0 vanishes after
+    /// the first 30 s (once they know each other).
+    fn one_way_cut(&self, from: HostId, to: HostId, service: Service) -> bool {
+        self.cfg.mutation == Some(Mutation::OneWayEnrp)
+            && self.now >= Duration::from_secs(30)
+            && service == Service::Enrp
+            && from == HostId::Registrar(1)
+            && to == HostId::Registrar(0)
+    }
+
+    fn alive(&self, h: HostId) -> bool {
+        match h {
+            HostId::Registrar(i) => self.regs[i].alive,
+            HostId::PoolElement(j) => self.pes[j].alive,
+            HostId::PoolUser(k) => self.pus[k].alive,
+        }
+    }
+
+    fn inc(&self, h: HostId) -> u32 {
+        match h {
+            HostId::Registrar(i) => self.regs[i].inc,
+            HostId::PoolElement(j) => self.pes[j].inc,
+            HostId::PoolUser(k) => self.pus[k].inc,
+        }
+    }
+
+    fn addr_of(&self, h: HostId, service: Service) -> SocketAddr {
+        match h {
+            HostId::Registrar(i) => SocketAddr::new(
+                self.regs[i].ip,
+                if service == Service::Asap {
+                    ASAP_PORT
+                } else {
+                    ENRP_PORT
+                },
+            ),
+            HostId::PoolElement(j) => SocketAddr::new(self.pes[j].ip, CLIENT_PORT),
+            HostId::PoolUser(k) => SocketAddr::new(self.pus[k].ip, CLIENT_PORT),
+        }
+    }
+
+    fn host_at(&self, addr: SocketAddr) -> Option<(HostId, Service)> {
+        match (self.by_ip.get(&addr.ip())?, addr.port()) {
+            (HostId::Registrar(i), ASAP_PORT) => Some((HostId::Registrar(*i), Service::Asap)),
+            (HostId::Registrar(i), ENRP_PORT) => Some((HostId::Registrar(*i), Service::Enrp)),
+            (HostId::PoolElement(j), CLIENT_PORT) => Some((HostId::PoolElement(*j), Service::Asap)),
+            _ => None,
+        }
+    }
+
+    fn note(&mut self, what: impl FnOnce() -> String) {
+        if let Some(t) = self.trace.as_mut() {
+            let line = format!(
+                "{:>10.6} #{:<7} {}",
+                self.now.as_secs_f64(),
+                self.step,
+                what()
+            );
+            t.push(line);
+        }
+    }
+
+    fn hash(&mut self, tag: u8, a: u64, bytes: &[u8]) {
+        let mut h = self.trace_hash;
+        let mut eat = |b: u8| {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        };
+        for b in (self.now.as_nanos() as u64).to_le_bytes() {
+            eat(b);
+        }
+        eat(tag);
+        for b in a.to_le_bytes() {
+            eat(b);
+        }
+        for &b in bytes {
+            eat(b);
+        }
+        self.trace_hash = h;
+    }
+
+    fn describe(&self, service: Service, bytes: &[u8]) -> String {
+        match service {
+            Service::Asap => match self.codec.decode::<AsapMessage>(bytes) {
+                Ok(d) => d.message.name().to_string(),
+                Err(e) => format!("undecodable ASAP ({e})"),
+            },
+            Service::Enrp => match self.codec.decode::<EnrpMessage>(bytes) {
+                Ok(d) => d.message.name().to_string(),
+                Err(e) => format!("undecodable ENRP ({e})"),
+            },
+        }
+    }
+
+    // ----- The network -----
+
+    /// Opens an association from `from` to `to_addr`; the outcome arrives as an event.
+    fn connect(&mut self, from: HostId, service: Service, to_addr: &[SocketAddr]) -> u64 {
+        let id = self.next_assoc;
+        self.next_assoc += 1;
+        let target = to_addr.iter().find_map(|a| self.host_at(*a));
+        let from_addr = self.addr_of(from, service);
+        let (to, ok_service) = match target {
+            Some((h, s)) => (h, s == service),
+            None => (from, false),
+        };
+        let a = Assoc {
+            ends: [from, to],
+            incs: [self.inc(from), self.inc(to)],
+            addrs: [from_addr, self.addr_of(to, service)],
+            service,
+            state: AssocState::Connecting,
+            queues: [VecDeque::new(), VecDeque::new()],
+            last_ready: [Duration::ZERO; 2],
+            cut_since: None,
+        };
+        self.assocs.insert(id, a);
+        self.stats.associations += 1;
+        if target.is_none() || !ok_service || self.cut(from, to) {
+            let t = self.now + self.cfg.link.connect_timeout;
+            self.schedule(t, Ev::ConnectFailed(id));
+        } else {
+            let rtt = self.delay(from, to) + self.delay(to, from);
+            let at = self.now + rtt;
+            if self.alive(to) {
+                self.schedule(at, Ev::Established(id));
+            } else {
+                // Nobody listens: refused (an ABORT comes back at once).
+                self.schedule(at, Ev::ConnectFailed(id));
+            }
+        }
+        self.note(|| format!("connect #{id} {from} -> {to_addr:?}"));
+        id
+    }
+
+    /// Queues a message from `from` on association `id`.
+    fn send(&mut self, id: u64, from: HostId, bytes: &[u8]) {
+        let Some(a) = self.assocs.get(&id) else {
+            return;
+        };
+        if a.state == AssocState::Closed {
+            return;
+        }
+        let Some(me) = a.ends.iter().position(|h| *h == from) else {
+            return;
+        };
+        let to_side = 1 - me;
+        let (x, y) = (a.ends[me], a.ends[to_side]);
+        if self.one_way_cut(x, y, a.service) {
+            return;
+        }
+        let mut d = self.delay(x, y);
+        // Each loss costs a retransmission timeout (doubling, as SCTP's RTO does).
+        let mut rto = self.cfg.link.retransmission_timeout;
+        let mut tries = 0;
+        while tries < 8
+            && self.chaos
+            && self.cfg.link.loss > 0.0
+            && self.rng.random_bool(self.cfg.link.loss)
+        {
+            d += rto;
+            rto *= 2;
+            tries += 1;
+            self.stats.retransmissions += 1;
+        }
+        let a = self.assocs.get_mut(&id).expect("present");
+        let ready = (self.now + d).max(a.last_ready[to_side]);
+        a.last_ready[to_side] = ready;
+        a.queues[to_side].push_back((ready, Rc::from(bytes)));
+        let connecting = a.state == AssocState::Connecting;
+        if !connecting {
+            self.schedule(
+                ready,
+                Ev::Deliver {
+                    assoc: id,
+                    side: to_side,
+                },
+            );
+        }
+    }
+
+    /// Closes (aborts) an association from one end: the other end learns it after a delay.
+    fn close(&mut self, id: u64, from: HostId) {
+        let Some(a) = self.assocs.get_mut(&id) else {
+            return;
+        };
+        if a.state == AssocState::Closed {
+            return;
+        }
+        let was_up = a.state == AssocState::Up;
+        a.state = AssocState::Closed;
+        a.queues = [VecDeque::new(), VecDeque::new()];
+        let me = a.ends.iter().position(|h| *h == from).unwrap_or(0);
+        let other = 1 - me;
+        let (x, y) = (a.ends[me], a.ends[other]);
+        if was_up {
+            let t = if self.cut(x, y) {
+                self.now + self.cfg.link.association_timeout
+            } else {
+                let d = self.delay(x, y);
+                self.now + d
+            };
+            self.schedule(
+                t,
+                Ev::Down {
+                    assoc: id,
+                    side: other,
+                },
+            );
+        }
+    }
+
+    /// A host is gone: every association it had is lost for the peers (an ABORT from the kernel
+    /// if only the process died, else the peer's timeout).
+    fn host_gone(&mut self, h: HostId, process_only: bool) {
+        let ids: Vec<u64> = self
+            .assocs
+            .iter()
+            .filter(|(_, a)| a.state != AssocState::Closed && a.ends.contains(&h))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let a = self.assocs.get_mut(&id).expect("present");
+            let was_up = a.state == AssocState::Up;
+            a.state = AssocState::Closed;
+            a.queues = [VecDeque::new(), VecDeque::new()];
+            let other = if a.ends[0] == h { 1 } else { 0 };
+            let peer = a.ends[other];
+            if !was_up {
+                // A connection attempt in flight: it fails for the initiator (if not `h`).
+                if other == 0 {
+                    let t = self.now + self.cfg.link.connect_timeout;
+                    self.schedule(t, Ev::ConnectFailed(id));
+                }
+                continue;
+            }
+            let t = if process_only && !self.cut(h, peer) {
+                let d = self.delay(h, peer);
+                self.now + d
+            } else {
+                self.now + self.cfg.link.association_timeout
+            };
+            self.schedule(
+                t,
+                Ev::Down {
+                    assoc: id,
+                    side: other,
+                },
+            );
+        }
+    }
+
+    /// Sends a datagram to every host in `to` (multicast on one group).
+    fn multicast(&mut self, from: HostId, from_addr: SocketAddr, to: Vec<HostId>, bytes: &[u8]) {
+        let bytes: Rc<[u8]> = Rc::from(bytes);
+        for h in to {
+            if h == from || self.one_way_cut(from, h, Service::Enrp) {
+                continue;
+            }
+            let copies = if self.chaos
+                && self.cfg.link.duplicate > 0.0
+                && self.rng.random_bool(self.cfg.link.duplicate)
+            {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                if self.chaos
+                    && self.cfg.link.loss > 0.0
+                    && self.rng.random_bool(self.cfg.link.loss)
+                {
+                    self.stats.datagrams_lost += 1;
+                    continue;
+                }
+                let d = self.delay(from, h);
+                self.stats.datagrams += 1;
+                self.schedule(
+                    self.now + d,
+                    Ev::Datagram {
+                        to: h,
+                        from: from_addr,
+                        bytes: bytes.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    // ----- Running -----
+
+    /// Runs to the end (or the first failure) and returns what happened.
+    pub fn run(mut self) -> Outcome {
+        while self.failure.is_none() {
+            let Some(q) = self.queue.pop() else {
+                break;
+            };
+            self.now = self.now.max(q.at);
+            // A paused host's kernel keeps what arrives for it; the process sees it on resume.
+            if let Some(until) = self.deferred_until(&q.ev) {
+                self.schedule(until, q.ev);
+                continue;
+            }
+            self.step += 1;
+            if self.step > self.cfg.max_steps {
+                self.fail(
+                    "step_limit",
+                    format!("more than {} steps: a livelock?", self.cfg.max_steps),
+                );
+                break;
+            }
+            let finish = matches!(q.ev, Ev::Finish);
+            self.handle(q.ev);
+            if self.failure.is_none() {
+                self.check_always();
+                if self.failure.is_none() && self.step % self.cfg.full_check_every.max(1) == 0 {
+                    self.check_listings();
+                }
+            }
+            if finish {
+                break;
+            }
+        }
+        self.stats.steps = self.step;
+        self.stats.simulated = self.now;
+        Outcome {
+            seed: self.cfg.seed,
+            trace_hash: self.trace_hash,
+            failure: self.failure,
+            stats: self.stats,
+            trace: self.trace.unwrap_or_default(),
+        }
+    }
+
+    /// When an event for a paused host may be handled (`None`: now).
+    fn deferred_until(&self, ev: &Ev) -> Option<Duration> {
+        let hosts: Vec<HostId> = match ev {
+            Ev::Timer(h) => vec![*h],
+            Ev::Rejoin(j) => vec![HostId::PoolElement(*j)],
+            Ev::Datagram { to, .. } => vec![*to],
+            Ev::Deliver { assoc, side } | Ev::Down { assoc, side } => {
+                vec![self.assocs.get(assoc)?.ends[*side]]
+            }
+            Ev::Established(id) => self.assocs.get(id)?.ends.to_vec(),
+            Ev::ConnectFailed(id) => vec![self.assocs.get(id)?.ends[0]],
+            _ => return None,
+        };
+        hosts
+            .iter()
+            .filter_map(|h| self.paused.get(h).copied())
+            .filter(|&t| t > self.now)
+            .max()
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Timer(h) => self.on_timer(h),
+            Ev::Deliver { assoc, side } => self.on_deliver(assoc, side),
+            Ev::Datagram { to, from, bytes } => {
+                // Datagrams are judged at arrival: a partition or a dead host drops them.
+                let src = self.host_at_ip(from.ip());
+                if !self.alive(to) || src.is_some_and(|s| self.cut(s, to)) {
+                    return;
+                }
+                self.hash(1, 0, &bytes);
+                self.on_datagram(to, from, &bytes);
+            }
+            Ev::Established(id) => self.on_established(id),
+            Ev::ConnectFailed(id) => self.on_connect_failed(id),
+            Ev::Down { assoc, side } => self.on_down(assoc, side),
+            Ev::CheckCut(id) => {
+                let Some(a) = self.assocs.get(&id) else {
+                    return;
+                };
+                if a.state == AssocState::Up
+                    && a.cut_since
+                        .is_some_and(|t| t + self.cfg.link.association_timeout <= self.now)
+                {
+                    let a = self.assocs.get_mut(&id).expect("present");
+                    a.state = AssocState::Closed;
+                    a.queues = [VecDeque::new(), VecDeque::new()];
+                    self.stats.associations_timed_out += 1;
+                    self.note(|| format!("association #{id} lost (no connectivity)"));
+                    self.on_down(id, 0);
+                    self.on_down(id, 1);
+                }
+            }
+            Ev::Fault => self.on_fault(),
+            Ev::Restart(h) => self.restart(h),
+            Ev::Heal => self.heal(),
+            Ev::Churn => self.on_churn(),
+            Ev::Rejoin(j) => {
+                if self.pes[j].left && self.pes[j].alive {
+                    self.pes[j].left = false;
+                    self.start_pe(j);
+                }
+            }
+            Ev::Resolve(k) => self.on_resolve(k),
+            Ev::Resume(h) => {
+                if self.paused.remove(&h).is_some() {
+                    self.note(|| format!("RESUME {h}"));
+                    self.hash(9, 0, &[]);
+                }
+            }
+            Ev::EndChaos => self.end_chaos(),
+            Ev::Finish => self.check_converged(),
+        }
+    }
+
+    fn host_at_ip(&self, ip: IpAddr) -> Option<HostId> {
+        self.by_ip.get(&ip).copied()
+    }
+
+    fn end_of(&self, id: u64, side: usize) -> Option<HostId> {
+        let a = self.assocs.get(&id)?;
+        let h = a.ends[side];
+        (self.alive(h) && self.inc(h) == a.incs[side]).then_some(h)
+    }
+
+    fn on_deliver(&mut self, id: u64, side: usize) {
+        let Some(a) = self.assocs.get(&id) else {
+            return;
+        };
+        if a.state != AssocState::Up || a.cut_since.is_some() {
+            return;
+        }
+        let Some(&(ready, _)) = a.queues[side].front() else {
+            return;
+        };
+        if ready > self.now {
+            return;
+        }
+        let service = a.service;
+        let (_, bytes) = self.assocs.get_mut(&id).expect("present").queues[side]
+            .pop_front()
+            .expect("front");
+        let Some(h) = self.end_of(id, side) else {
+            return;
+        };
+        self.stats.messages += 1;
+        self.hash(2, id, &bytes);
+        if self.trace.is_some() {
+            let what = self.describe(service, &bytes);
+            let from = self.assocs[&id].ends[1 - side];
+            self.note(|| format!("{h} <- {from} {what} (#{id})"));
+        }
+        match h {
+            HostId::Registrar(i) => self.reg_message(i, id, service, &bytes),
+            HostId::PoolElement(j) => self.pe_message(j, id, &bytes),
+            HostId::PoolUser(k) => self.pu_message(k, id, &bytes),
+        }
+    }
+
+    fn on_established(&mut self, id: u64) {
+        let Some(a) = self.assocs.get(&id) else {
+            return;
+        };
+        if a.state != AssocState::Connecting {
+            return;
+        }
+        let (x, y) = (a.ends[0], a.ends[1]);
+        if self.end_of(id, 1).is_none() || self.cut(x, y) {
+            self.on_connect_failed(id);
+            return;
+        }
+        let inc_y = self.inc(y);
+        let a = self.assocs.get_mut(&id).expect("present");
+        a.state = AssocState::Up;
+        a.incs[1] = inc_y;
+        // What the initiator queued while connecting goes now.
+        let now = self.now;
+        let a = self.assocs.get_mut(&id).expect("present");
+        let mut ready_times = Vec::new();
+        for (t, _) in a.queues[1].iter_mut() {
+            *t = (*t).max(now);
+            ready_times.push(*t);
+        }
+        for t in ready_times {
+            self.schedule(t, Ev::Deliver { assoc: id, side: 1 });
+        }
+        self.hash(3, id, &[]);
+        self.note(|| format!("association #{id} up {x} -> {y}"));
+        if self.cut(x, y) {
+            self.assocs.get_mut(&id).expect("present").cut_since = Some(now);
+        }
+        self.up(id, 0, false);
+        self.up(id, 1, true);
+    }
+
+    fn up(&mut self, id: u64, side: usize, inbound: bool) {
+        let Some(h) = self.end_of(id, side) else {
+            return;
+        };
+        let a = &self.assocs[&id];
+        let (service, peer) = (a.service, a.addrs[1 - side]);
+        match h {
+            HostId::Registrar(i) => {
+                if service == Service::Asap {
+                    let now = self.local(h);
+                    if let Some(c) = self.regs[i].core.as_mut() {
+                        let (reg, enrp) = &mut **c;
+                        reg.association_up(
+                            now,
+                            AssociationId(id),
+                            sctp_peer(peer.ip(), peer.port()),
+                        );
+                        enrp.after_asap(reg);
+                    }
+                }
+                self.flush(h);
+            }
+            HostId::PoolElement(j) => {
+                let now = self.local(h);
+                let p = &mut self.pes[j];
+                if !inbound && p.pending == Some(id) {
+                    p.pending = None;
+                    p.home = Some(id);
+                    if let Some(c) = p.core.as_mut() {
+                        c.connected(now);
+                    }
+                } else if inbound {
+                    if p.others.len() >= 8 {
+                        self.close(id, h);
+                        return;
+                    }
+                    p.others.push(id);
+                } else {
+                    // Not the attempt the PE waits for (superseded): drop it.
+                    self.close(id, h);
+                    return;
+                }
+                self.flush(h);
+            }
+            HostId::PoolUser(k) => {
+                let (global, now) = (self.now, self.local(h));
+                let p = &mut self.pus[k];
+                if p.connecting == Some(id) {
+                    p.connecting = None;
+                    p.assoc = Some(id);
+                    p.failed_round = 0;
+                    p.last_connected = global;
+                    p.resolver.connected(now);
+                    self.flush(h);
+                } else {
+                    self.close(id, h);
+                }
+            }
+        }
+    }
+
+    fn on_connect_failed(&mut self, id: u64) {
+        let Some(a) = self.assocs.get_mut(&id) else {
+            return;
+        };
+        if a.state == AssocState::Up {
+            return;
+        }
+        a.state = AssocState::Closed;
+        a.queues = [VecDeque::new(), VecDeque::new()];
+        let Some(h) = self.end_of(id, 0) else {
+            return;
+        };
+        self.note(|| format!("{h}: connect #{id} failed"));
+        let now = self.local(h);
+        match h {
+            HostId::Registrar(i) => {
+                let r = &mut self.regs[i];
+                r.enrp_opened.retain(|_, v| *v != id);
+                r.asap_opened.retain(|_, v| *v != id);
+            }
+            HostId::PoolElement(j) => {
+                let p = &mut self.pes[j];
+                if p.pending == Some(id) {
+                    p.pending = None;
+                    if let Some(c) = p.core.as_mut() {
+                        c.connect_failed(now);
+                    }
+                }
+                self.flush(h);
+            }
+            HostId::PoolUser(k) => {
+                if self.pus[k].connecting == Some(id) {
+                    self.pus[k].connecting = None;
+                    self.pus[k].failed_round += 1;
+                    if self.pus[k].failed_round >= self.regs.len() {
+                        // A whole round failed: what waits fails with a cause, then retry.
+                        self.pus[k].failed_round = 0;
+                        self.pus[k]
+                            .resolver
+                            .fail_all(rserpool_endpoint::pu::ResolveError::NoRegistrar);
+                        self.flush(h);
+                    } else {
+                        self.pu_connect(k);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_down(&mut self, id: u64, side: usize) {
+        let Some(h) = self.end_of(id, side) else {
+            return;
+        };
+        if let Some(a) = self.assocs.get_mut(&id) {
+            a.state = AssocState::Closed;
+        }
+        self.hash(4, id, &[]);
+        self.note(|| format!("{h}: association #{id} down"));
+        let service = self.assocs[&id].service;
+        let now = self.local(h);
+        match h {
+            HostId::Registrar(i) => {
+                let r = &mut self.regs[i];
+                r.enrp_opened.retain(|_, v| *v != id);
+                r.asap_opened.retain(|_, v| *v != id);
+                if let Some(c) = r.core.as_mut() {
+                    let (reg, enrp) = &mut **c;
+                    match service {
+                        Service::Asap => {
+                            reg.association_down(now, AssociationId(id));
+                            enrp.after_asap(reg);
+                        }
+                        Service::Enrp => enrp.association_down(now, reg, AssociationId(id)),
+                    }
+                }
+            }
+            HostId::PoolElement(j) => {
+                let p = &mut self.pes[j];
+                if p.home == Some(id) {
+                    p.home = None;
+                    if let Some(c) = p.core.as_mut() {
+                        c.disconnected(now);
+                    }
+                } else if p.pending == Some(id) {
+                    p.pending = None;
+                    if let Some(c) = p.core.as_mut() {
+                        c.connect_failed(now);
+                    }
+                }
+                p.others.retain(|a| *a != id);
+            }
+            HostId::PoolUser(k) => {
+                let p = &mut self.pus[k];
+                if p.assoc == Some(id) {
+                    p.assoc = None;
+                    p.resolver.disconnected(now);
+                    self.flush(h);
+                    self.pu_connect(k);
+                    return;
+                }
+            }
+        }
+        self.flush(h);
+    }
+
+    fn on_timer(&mut self, h: HostId) {
+        if !self.alive(h) {
+            return;
+        }
+        let now = self.now;
+        let armed = match h {
+            HostId::Registrar(i) => &mut self.regs[i].armed,
+            HostId::PoolElement(j) => &mut self.pes[j].armed,
+            HostId::PoolUser(k) => &mut self.pus[k].armed,
+        };
+        if armed.is_none_or(|t| t > now) {
+            return;
+        }
+        *armed = None;
+        let same = match h {
+            HostId::Registrar(i) => &mut self.regs[i].same_instant,
+            HostId::PoolElement(j) => &mut self.pes[j].same_instant,
+            HostId::PoolUser(k) => &mut self.pus[k].same_instant,
+        };
+        if same.0 == now {
+            same.1 += 1;
+        } else {
+            *same = (now, 1);
+        }
+        if same.1 > 1000 {
+            self.fail(
+                "timer_progress",
+                format!("{h} asked to be woken at {now:?} more than 1000 times in a row"),
+            );
+            return;
+        }
+        self.hash(5, 0, &[]);
+        let now = self.local(h);
+        match h {
+            HostId::Registrar(i) => {
+                if let Some(c) = self.regs[i].core.as_mut() {
+                    let (reg, enrp) = &mut **c;
+                    if reg.poll_timeout().is_some_and(|t| t <= now) {
+                        reg.handle_timeout(now);
+                        enrp.after_asap(reg);
+                    }
+                    if enrp.poll_timeout().is_some_and(|t| t <= now) {
+                        enrp.handle_timeout(now, reg);
+                    }
+                }
+            }
+            HostId::PoolElement(j) => {
+                if let Some(c) = self.pes[j].core.as_mut() {
+                    c.handle_timeout(now);
+                }
+            }
+            HostId::PoolUser(k) => self.pus[k].resolver.handle_timeout(now),
+        }
+        self.flush(h);
+    }
+
+    fn on_datagram(&mut self, to: HostId, from: SocketAddr, bytes: &[u8]) {
+        let now = self.local(to);
+        match to {
+            HostId::Registrar(i) => {
+                if let Some(c) = self.regs[i].core.as_mut() {
+                    let (reg, enrp) = &mut **c;
+                    enrp.message(now, reg, Source::Multicast, bytes);
+                }
+            }
+            HostId::PoolElement(j) => {
+                if let Some(c) = self.pes[j].core.as_mut() {
+                    c.announce(now, from, bytes);
+                }
+            }
+            HostId::PoolUser(_) => {}
+        }
+        self.flush(to);
+    }
+
+    fn reg_message(&mut self, i: usize, id: u64, service: Service, bytes: &[u8]) {
+        let now = self.local(HostId::Registrar(i));
+        if let Some(c) = self.regs[i].core.as_mut() {
+            let (reg, enrp) = &mut **c;
+            match service {
+                Service::Asap => {
+                    reg.message(now, AssociationId(id), Protocol::Asap.ppid(), bytes);
+                    enrp.after_asap(reg);
+                }
+                Service::Enrp => {
+                    enrp.message(now, reg, Source::Association(AssociationId(id)), bytes)
+                }
+            }
+        }
+        self.flush(HostId::Registrar(i));
+    }
+
+    fn pe_message(&mut self, j: usize, id: u64, bytes: &[u8]) {
+        let now = self.local(HostId::PoolElement(j));
+        let mutated = self.cfg.mutation == Some(Mutation::SilentPoolElements);
+        let p = &mut self.pes[j];
+        if let Some(c) = p.core.as_mut() {
+            if p.home == Some(id) {
+                let is_keep_alive = matches!(
+                    self.codec.decode::<AsapMessage>(bytes).map(|d| d.message),
+                    Ok(AsapMessage::EndpointKeepAlive(_))
+                );
+                if !(mutated && is_keep_alive) {
+                    c.message(now, bytes);
+                }
+            } else if p.others.contains(&id) {
+                c.message_on_other(now, id, bytes);
+            }
+        }
+        self.flush(HostId::PoolElement(j));
+    }
+
+    fn pu_message(&mut self, k: usize, id: u64, bytes: &[u8]) {
+        let now = self.local(HostId::PoolUser(k));
+        if self.pus[k].assoc == Some(id) {
+            self.pus[k].resolver.message(now, bytes);
+        }
+        self.flush(HostId::PoolUser(k));
+    }
+
+    /// Routes what a host's cores queued, records their reports, and arms its timer.
+    fn flush(&mut self, h: HostId) {
+        if !self.alive(h) {
+            return;
+        }
+        match h {
+            HostId::Registrar(i) => self.flush_registrar(i),
+            HostId::PoolElement(j) => self.flush_pe(j),
+            HostId::PoolUser(k) => self.flush_pu(k),
+        }
+        let next = match h {
+            HostId::Registrar(i) => self.regs[i].core.as_ref().and_then(|c| {
+                [c.0.poll_timeout(), c.1.poll_timeout()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            }),
+            HostId::PoolElement(j) => self.pes[j].core.as_ref().and_then(|c| c.poll_timeout()),
+            HostId::PoolUser(k) => self.pus[k].resolver.poll_timeout(),
+        };
+        let next = next.map(|t| self.global_of(h, t));
+        let armed = match h {
+            HostId::Registrar(i) => &mut self.regs[i].armed,
+            HostId::PoolElement(j) => &mut self.pes[j].armed,
+            HostId::PoolUser(k) => &mut self.pus[k].armed,
+        };
+        if let Some(t) = next {
+            if *armed != Some(t) {
+                *armed = Some(t);
+                self.schedule(t, Ev::Timer(h));
+            }
+        } else {
+            *armed = None;
+        }
+    }
+
+    fn flush_registrar(&mut self, i: usize) {
+        let h = HostId::Registrar(i);
+        let mut enrp_out = Vec::new();
+        let mut asap_out = Vec::new();
+        let mut won = Vec::new();
+        let mut reported_away = Vec::new();
+        {
+            let Some(c) = self.regs[i].core.as_mut() else {
+                return;
+            };
+            let (reg, enrp) = &mut **c;
+            enrp.after_asap(reg);
+            while let Some(t) = enrp.poll_transmit() {
+                enrp_out.push(t);
+            }
+            while let Some(t) = reg.poll_transmit() {
+                asap_out.push(t);
+            }
+            while let Some(e) = enrp.poll_event() {
+                if let EnrpEvent::TakeoverWon { target, .. } = &e {
+                    won.push(*target);
+                }
+                if self.trace.is_some() {
+                    let line = format!("{h}: {e:?}");
+                    if let Some(t) = self.trace.as_mut() {
+                        t.push(format!(
+                            "{:>10.6} #{:<7} {line}",
+                            self.now.as_secs_f64(),
+                            self.step
+                        ));
+                    }
+                }
+            }
+            while let Some(e) = reg.poll_event() {
+                if let RegistrarEvent::Removed {
+                    pool_handle,
+                    pe_id,
+                    cause: RemovalCause::UnreachableReports,
+                } = &e
+                {
+                    reported_away.push((pool_handle.clone(), *pe_id));
+                }
+                if self.trace.is_some() {
+                    let line = format!("{h}: {e:?}");
+                    if let Some(t) = self.trace.as_mut() {
+                        t.push(format!(
+                            "{:>10.6} #{:<7} {line}",
+                            self.now.as_secs_f64(),
+                            self.step
+                        ));
+                    }
+                }
+            }
+        }
+        for target in won {
+            self.takeover_won(i, target);
+        }
+        for (pool, pe) in reported_away {
+            self.removed_by_reports(i, &pool, pe);
+        }
+        for t in enrp_out {
+            match t.destination {
+                EnrpDestination::Association(a) => self.send(a.0, h, &t.bytes),
+                EnrpDestination::Addresses(addrs) => {
+                    let id = match self.regs[i].enrp_opened.get(&addrs) {
+                        Some(id) => *id,
+                        None => {
+                            let id = self.connect(h, Service::Enrp, &addrs);
+                            self.regs[i].enrp_opened.insert(addrs, id);
+                            id
+                        }
+                    };
+                    self.send(id, h, &t.bytes);
+                }
+                EnrpDestination::Multicast => {
+                    let to = (0..self.regs.len()).map(HostId::Registrar).collect();
+                    let from = self.addr_of(h, Service::Enrp);
+                    self.multicast(h, from, to, &t.bytes);
+                }
+            }
+        }
+        for t in asap_out {
+            match t.destination {
+                Destination::Association(a) => self.send(a.0, h, &t.bytes),
+                Destination::Announce => {
+                    let to = (0..self.pes.len()).map(HostId::PoolElement).collect();
+                    let from = self.addr_of(h, Service::Asap);
+                    self.multicast(h, from, to, &t.bytes);
+                }
+                Destination::Address(addr) => {
+                    let id = match self.regs[i].asap_opened.get(&addr) {
+                        Some(id) => *id,
+                        None => {
+                            let id = self.connect(h, Service::Asap, &[addr]);
+                            self.regs[i].asap_opened.insert(addr, id);
+                            id
+                        }
+                    };
+                    self.send(id, h, &t.bytes);
+                }
+            }
+        }
+    }
+
+    fn flush_pe(&mut self, j: usize) {
+        let h = HostId::PoolElement(j);
+        let now = self.now;
+        loop {
+            let mut connects = Vec::new();
+            let mut events = Vec::new();
+            {
+                let Some(c) = self.pes[j].core.as_mut() else {
+                    return;
+                };
+                while let Some(a) = c.poll_connect() {
+                    connects.push(a);
+                }
+                while let Some(e) = c.poll_event() {
+                    events.push(e);
+                }
+            }
+            if connects.is_empty() && events.is_empty() {
+                break;
+            }
+            for addrs in connects {
+                let id = self.connect(h, Service::Asap, &addrs);
+                if let Some(old) = self.pes[j].pending.replace(id) {
+                    self.close(old, h);
+                }
+            }
+            for e in events {
+                self.note(|| format!("{h}: {e:?}"));
+                match e {
+                    PeEvent::NewHome { association, .. } => {
+                        let p = &mut self.pes[j];
+                        p.others.retain(|a| *a != association);
+                        if let Some(old) = p.home.replace(association) {
+                            if old != association {
+                                self.close(old, h);
+                            }
+                        }
+                    }
+                    PeEvent::RegistrarLost => {
+                        if let Some(a) = self.pes[j].home.take() {
+                            self.close(a, h);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let out: Vec<Vec<u8>> = {
+            let c = self.pes[j].core.as_mut().expect("present");
+            std::iter::from_fn(|| c.poll_transmit()).collect()
+        };
+        if let Some(a) = self.pes[j].home {
+            for b in out {
+                self.send(a, h, &b);
+            }
+        }
+        // A PE that leaves is done once its deregistration is answered or timed out.
+        let p = &mut self.pes[j];
+        if p.leaving && p.core.as_ref().is_some_and(|c| c.poll_timeout().is_none()) {
+            p.leaving = false;
+            p.left = true;
+            p.core = None;
+            p.ended_at = Some(now);
+            let ids: Vec<u64> = p
+                .home
+                .take()
+                .into_iter()
+                .chain(p.others.drain(..))
+                .collect();
+            for id in ids {
+                self.close(id, h);
+            }
+            self.note(|| format!("{h} left its pool"));
+            let back = self.uniform(Duration::from_secs(5), Duration::from_secs(40));
+            self.schedule(now + back, Ev::Rejoin(j));
+        }
+    }
+
+    fn flush_pu(&mut self, k: usize) {
+        let h = HostId::PoolUser(k);
+        let mut to_report = Vec::new();
+        let out: Vec<Vec<u8>> =
+            std::iter::from_fn(|| self.pus[k].resolver.poll_transmit()).collect();
+        if let Some(a) = self.pus[k].assoc {
+            for b in out {
+                self.send(a, h, &b);
+            }
+        }
+        while let Some(e) = self.pus[k].resolver.poll_event() {
+            self.note(|| format!("{h}: {e:?}"));
+            let (request, pool) = match &e {
+                ResolverEvent::Resolved {
+                    request,
+                    resolution,
+                } => {
+                    if let Some(bad) = resolution.pool_elements.iter().find(|pe| {
+                        self.pe_by_id
+                            .get(&pe.id)
+                            .is_none_or(|&j| self.pes[j].pool != resolution.pool_handle)
+                    }) {
+                        let msg = format!(
+                            "{h} got PE {} for pool {}, which never joined it",
+                            bad.id, resolution.pool_handle
+                        );
+                        self.fail("resolution_valid", msg);
+                        return;
+                    }
+                    self.stats.resolutions += 1;
+                    // The PU tries the PEs it got: a dead one is reported unreachable, and now
+                    // and then a live one too (a mistaken or lying pool user).
+                    for pe in &resolution.pool_elements {
+                        let dead = self
+                            .pe_by_id
+                            .get(&pe.id)
+                            .is_none_or(|&j| self.pes[j].core.is_none());
+                        let falsely = self.cfg.false_reports > 0.0
+                            && self.rng.random_bool(self.cfg.false_reports);
+                        if dead || falsely {
+                            to_report.push((resolution.pool_handle.clone(), pe.id));
+                        }
+                    }
+                    (*request, resolution.pool_handle.clone())
+                }
+                ResolverEvent::Failed {
+                    request,
+                    pool_handle,
+                    ..
+                } => {
+                    self.stats.resolutions_failed += 1;
+                    (*request, pool_handle.clone())
+                }
+                ResolverEvent::ProtocolError(_) => continue,
+            };
+            match self.pus[k].outstanding.remove(&request) {
+                Some((asked, _)) if asked == pool => {}
+                Some((asked, _)) => {
+                    self.fail(
+                        "pu_request_once",
+                        format!("{h}: request {request:?} for {asked} answered for {pool}"),
+                    );
+                    return;
+                }
+                None => {
+                    self.fail(
+                        "pu_request_once",
+                        format!("{h}: request {request:?} ({pool}) ended twice or was never asked"),
+                    );
+                    return;
+                }
+            }
+        }
+        if to_report.is_empty() {
+            return;
+        }
+        for (pool, pe) in &to_report {
+            self.stats.unreachable_reports += 1;
+            self.pus[k].resolver.report_unreachable(pool, *pe);
+        }
+        let out: Vec<Vec<u8>> =
+            std::iter::from_fn(|| self.pus[k].resolver.poll_transmit()).collect();
+        if let Some(a) = self.pus[k].assoc {
+            for b in out {
+                self.send(a, h, &b);
+            }
+        }
+    }
+
+    // ----- Hosts starting and stopping -----
+
+    fn start_registrar(&mut self, i: usize) {
+        let now = self.local(HostId::Registrar(i));
+        let seed = self.rng.random::<u64>();
+        let profile = Profile::Rsplib;
+        let mut rc = RegistrarConfig::new(profile);
+        rc.registrar_id = self.regs[i].id;
+        rc.seed = Some(seed);
+        rc.report_resolutions = false;
+        if !self.cfg.announces {
+            rc.announce = None;
+        } else if let Some(a) = rc.announce.as_mut() {
+            *a = AnnounceConfig {
+                transports: Vec::new(),
+                ..a.clone()
+            };
+        }
+        let mut reg = Registrar::new(rc, now);
+        let mut ec = EnrpConfig::new(profile);
+        ec.seed = Some(seed ^ 0xe);
+        ec.multicast = self.cfg.enrp_multicast;
+        let others: Vec<Vec<SocketAddr>> = (0..self.regs.len())
+            .filter(|&x| x != i)
+            .map(|x| vec![SocketAddr::new(self.regs[x].ip, ENRP_PORT)])
+            .collect();
+        ec.static_peers = if self.cfg.enrp_multicast {
+            others.into_iter().take(1).collect()
+        } else {
+            others
+        };
+        let mut enrp = Enrp::new(ec, &mut reg, now);
+        enrp.set_local_transport(
+            &reg,
+            TransportAddress::sctp(ENRP_PORT, TransportUse::DataOnly, vec![self.regs[i].ip]),
+        );
+        let r = &mut self.regs[i];
+        r.core = Some(Box::new((reg, enrp)));
+        r.alive = true;
+        r.started_at = now;
+        r.armed = None;
+        let id = self.regs[i].id;
+        self.note(|| format!("R{i} starts as {id:?}"));
+        self.flush(HostId::Registrar(i));
+    }
+
+    fn start_pe(&mut self, j: usize) {
+        let now = self.local(HostId::PoolElement(j));
+        let p = &self.pes[j];
+        let mut pc = PoolElementConfig::new(
+            p.pool.clone(),
+            UserTransport::Address(TransportAddress::sctp(
+                7000,
+                TransportUse::DataPlusControl,
+                vec![p.ip],
+            )),
+            PoolPolicy::RoundRobin,
+        );
+        pc.pe_id = Some(p.id);
+        // Without announces every PE knows every registrar, each starting at another one.
+        let n = self.regs.len();
+        let static_list = !self.cfg.announces || j % 2 == 0;
+        if static_list {
+            pc.registrars = (0..n)
+                .map(|x| vec![SocketAddr::new(self.regs[(x + j) % n].ip, ASAP_PORT)])
+                .collect();
+        }
+        let mut core = PoolElementCore::new(pc, &mut self.rng);
+        core.start(now);
+        let p = &mut self.pes[j];
+        p.core = Some(core);
+        p.alive = true;
+        p.home = None;
+        p.pending = None;
+        p.others.clear();
+        p.leaving = false;
+        p.left = false;
+        p.armed = None;
+        self.note(|| format!("PE{j} starts"));
+        self.flush(HostId::PoolElement(j));
+    }
+
+    fn restart(&mut self, h: HostId) {
+        if self.alive(h) {
+            // The initial start of a PE, or a restart that a quiet phase made early.
+            if let HostId::PoolElement(j) = h {
+                if self.pes[j].core.is_none() && !self.pes[j].left {
+                    self.start_pe(j);
+                }
+            }
+            return;
+        }
+        if self.inc(h) > 0 {
+            self.stats.restarts += 1;
+        }
+        match h {
+            HostId::Registrar(i) => {
+                if !self.cfg.restart_same_id {
+                    self.next_reg_id += 1;
+                    self.regs[i].id = RegistrarId(0x1000 + self.next_reg_id);
+                }
+                self.start_registrar(i);
+            }
+            HostId::PoolElement(j) => {
+                self.pes[j].left = false;
+                self.start_pe(j);
+            }
+            HostId::PoolUser(_) => {}
+        }
+    }
+
+    fn crash(&mut self, h: HostId) {
+        let process_only = self.rng.random_bool(0.5);
+        self.stats.crashes += 1;
+        self.note(|| {
+            format!(
+                "CRASH {h} ({})",
+                if process_only { "process" } else { "host" }
+            )
+        });
+        self.hash(6, 0, &[]);
+        self.paused.remove(&h);
+        match h {
+            HostId::Registrar(i) => {
+                let r = &mut self.regs[i];
+                r.alive = false;
+                r.inc += 1;
+                r.core = None;
+                r.enrp_opened.clear();
+                r.asap_opened.clear();
+                r.armed = None;
+            }
+            HostId::PoolElement(j) => {
+                let p = &mut self.pes[j];
+                p.alive = false;
+                p.inc += 1;
+                p.core = None;
+                p.home = None;
+                p.pending = None;
+                p.others.clear();
+                p.leaving = false;
+                p.armed = None;
+                if !p.left {
+                    p.ended_at = Some(self.now);
+                }
+                p.left = false;
+            }
+            HostId::PoolUser(_) => {}
+        }
+        self.host_gone(h, process_only);
+        let back = self.uniform(Duration::from_secs(1), Duration::from_secs(60));
+        self.schedule(self.now + back, Ev::Restart(h));
+    }
+
+    // ----- Faults and workload -----
+
+    fn on_fault(&mut self) {
+        if !self.chaos {
+            return;
+        }
+        let f = self.cfg.faults.clone();
+        let mut kinds = Vec::new();
+        let alive_regs = self.regs.iter().filter(|r| r.alive).count();
+        if f.crash_registrars && alive_regs >= 2 {
+            kinds.push(0);
+        }
+        if f.crash_pool_elements && self.pes.iter().any(|p| p.alive) {
+            kinds.push(1);
+        }
+        if f.partitions {
+            kinds.push(2);
+        }
+        let pausable: Vec<HostId> = self
+            .hosts()
+            .into_iter()
+            .filter(|h| !matches!(h, HostId::PoolUser(_)))
+            .filter(|h| self.alive(*h) && !self.paused.contains_key(h))
+            .collect();
+        if f.pauses && !pausable.is_empty() {
+            kinds.push(3);
+        }
+        if !kinds.is_empty() {
+            match kinds[self.rng.random_range(0..kinds.len())] {
+                0 => {
+                    let alive: Vec<usize> = (0..self.regs.len())
+                        .filter(|&i| self.regs[i].alive)
+                        .collect();
+                    let i = alive[self.rng.random_range(0..alive.len())];
+                    self.crash(HostId::Registrar(i));
+                }
+                1 => {
+                    let alive: Vec<usize> =
+                        (0..self.pes.len()).filter(|&j| self.pes[j].alive).collect();
+                    let j = alive[self.rng.random_range(0..alive.len())];
+                    self.crash(HostId::PoolElement(j));
+                }
+                2 => self.partition(),
+                _ => {
+                    let h = pausable[self.rng.random_range(0..pausable.len())];
+                    self.pause(h);
+                }
+            }
+        }
+        let next = self.exp(f.mean_interval);
+        self.schedule(self.now + next, Ev::Fault);
+    }
+
+    fn pause(&mut self, h: HostId) {
+        let d = self.uniform(Duration::from_secs(1), Duration::from_secs(30));
+        let until = self.now + d;
+        self.stats.pauses += 1;
+        self.paused.insert(h, until);
+        self.paused_recently.insert(h, until + PARTITION_SETTLE);
+        self.note(|| format!("PAUSE {h} for {:.3} s", d.as_secs_f64()));
+        self.hash(10, 0, &[]);
+        self.schedule(until, Ev::Resume(h));
+    }
+
+    fn partition(&mut self) {
+        if self.partition_active {
+            self.heal();
+        }
+        let hosts = self.hosts();
+        let isolate_one = self.rng.random_bool(0.4);
+        let mut side = BTreeMap::new();
+        if isolate_one {
+            let h = hosts[self.rng.random_range(0..hosts.len())];
+            side.insert(h, 1u8);
+        } else {
+            // Registrars split into two non-empty groups (if there are two); others anywhere.
+            let n = self.regs.len();
+            let cut = if n >= 2 {
+                self.rng.random_range(1..n)
+            } else {
+                1
+            };
+            let mut order: Vec<usize> = (0..n).collect();
+            for x in (1..n).rev() {
+                let y = self.rng.random_range(0..=x);
+                order.swap(x, y);
+            }
+            for (pos, &i) in order.iter().enumerate() {
+                if pos < cut {
+                    side.insert(HostId::Registrar(i), 1u8);
+                }
+            }
+            for h in hosts.iter().filter(|h| !matches!(h, HostId::Registrar(_))) {
+                if self.rng.random_bool(0.5) {
+                    side.insert(*h, 1u8);
+                }
+            }
+        }
+        self.stats.partitions += 1;
+        self.partition_active = true;
+        self.note(|| format!("PARTITION {:?}", side.keys().collect::<Vec<_>>()));
+        self.hash(7, side.len() as u64, &[]);
+        self.side = side;
+        let now = self.now;
+        let ids: Vec<u64> = self.assocs.keys().copied().collect();
+        for id in ids {
+            let a = &self.assocs[&id];
+            if a.state == AssocState::Up && self.cut(a.ends[0], a.ends[1]) && a.cut_since.is_none()
+            {
+                self.assocs.get_mut(&id).expect("present").cut_since = Some(now);
+                let t = now + self.cfg.link.association_timeout;
+                self.schedule(t, Ev::CheckCut(id));
+            }
+        }
+        let heal_in = self.uniform(Duration::from_secs(2), Duration::from_secs(40));
+        self.schedule(now + heal_in, Ev::Heal);
+    }
+
+    fn heal(&mut self) {
+        if !self.partition_active {
+            return;
+        }
+        self.partition_active = false;
+        self.side.clear();
+        self.settle_until = self.now + PARTITION_SETTLE;
+        self.note(|| "HEAL".to_string());
+        self.hash(8, 0, &[]);
+        let now = self.now;
+        let ids: Vec<u64> = self
+            .assocs
+            .iter()
+            .filter(|(_, a)| a.cut_since.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let a = self.assocs.get_mut(&id).expect("present");
+            a.cut_since = None;
+            if a.state != AssocState::Up {
+                continue;
+            }
+            let mut due = Vec::new();
+            for side in 0..2 {
+                for (t, _) in a.queues[side].iter_mut() {
+                    *t = (*t).max(now);
+                    due.push((*t, side));
+                }
+            }
+            for (t, side) in due {
+                self.schedule(t, Ev::Deliver { assoc: id, side });
+            }
+        }
+    }
+
+    fn on_churn(&mut self) {
+        let Some(mean) = self.cfg.churn else {
+            return;
+        };
+        if !self.chaos {
+            return;
+        }
+        let cands: Vec<usize> = (0..self.pes.len())
+            .filter(|&j| {
+                let p = &self.pes[j];
+                p.alive && !p.leaving && !p.left && p.core.is_some()
+            })
+            .filter(|&j| !self.paused.contains_key(&HostId::PoolElement(j)))
+            .collect();
+        if !cands.is_empty() {
+            let j = cands[self.rng.random_range(0..cands.len())];
+            self.stats.departures += 1;
+            self.note(|| format!("PE{j} leaves its pool"));
+            let now = self.local(HostId::PoolElement(j));
+            let p = &mut self.pes[j];
+            p.leaving = true;
+            if let Some(c) = p.core.as_mut() {
+                c.deregister(now);
+            }
+            self.flush(HostId::PoolElement(j));
+        }
+        let next = self.exp(mean);
+        self.schedule(self.now + next, Ev::Churn);
+    }
+
+    fn on_resolve(&mut self, k: usize) {
+        let pool = self.pools[self.rng.random_range(0..self.pools.len())].clone();
+        let (now, local) = (self.now, self.local(HostId::PoolUser(k)));
+        let p = &mut self.pus[k];
+        let r = p.resolver.resolve(local, pool.clone());
+        p.outstanding.insert(r, (pool, now));
+        if p.assoc.is_none() && p.connecting.is_none() {
+            self.pu_connect(k);
+        }
+        self.flush(HostId::PoolUser(k));
+        let next = self.exp(self.cfg.resolve_interval);
+        self.schedule(now + next, Ev::Resolve(k));
+    }
+
+    fn pu_connect(&mut self, k: usize) {
+        let n = self.regs.len();
+        let x = self.pus[k].cursor % n;
+        self.pus[k].cursor += 1;
+        let addr = SocketAddr::new(self.regs[x].ip, ASAP_PORT);
+        let id = self.connect(HostId::PoolUser(k), Service::Asap, &[addr]);
+        self.pus[k].connecting = Some(id);
+    }
+
+    fn end_chaos(&mut self) {
+        self.chaos = false;
+        self.note(|| "END OF CHAOS: heal, restart everything".to_string());
+        self.heal();
+        self.paused.clear();
+        for i in 0..self.regs.len() {
+            if !self.regs[i].alive {
+                self.restart(HostId::Registrar(i));
+            }
+        }
+        for j in 0..self.pes.len() {
+            if !self.pes[j].alive {
+                self.restart(HostId::PoolElement(j));
+            } else if self.pes[j].left {
+                self.pes[j].left = false;
+                self.start_pe(j);
+            }
+        }
+    }
+
+    // ----- Invariants -----
+
+    fn fail(&mut self, invariant: &'static str, message: String) {
+        if self.failure.is_none() {
+            self.note(|| format!("INVARIANT {invariant} BROKEN: {message}"));
+            self.failure = Some(Failure {
+                seed: self.cfg.seed,
+                step: self.step,
+                time: self.now,
+                invariant,
+                message,
+            });
+        }
+    }
+
+    fn takeover_won(&mut self, winner: usize, target: RegistrarId) {
+        let by = self.regs[winner].id;
+        self.stats.takeovers += 1;
+        let target_host = self
+            .regs
+            .iter()
+            .position(|r| r.id == target)
+            .map(HostId::Registrar);
+        // A paused registrar drops out of its peers' tables as a partitioned one does, and
+        // comes back with its own view: like a partition, a pause of any registrar (the target
+        // or another) exempts the takeovers around it.
+        let was_paused = self
+            .paused_recently
+            .iter()
+            .any(|(h, &t)| matches!(h, HostId::Registrar(_)) && self.now < t);
+        // A takeover decided about the previous incarnation of a registrar that has just
+        // restarted (with the same ID) is about a dead registrar.
+        let just_restarted = target_host.is_some_and(|h| match h {
+            HostId::Registrar(i) => {
+                self.regs[i].inc > 0 && self.now < self.regs[i].started_at + PARTITION_SETTLE
+            }
+            _ => false,
+        });
+        let exempt =
+            self.partition_active || self.now < self.settle_until || was_paused || just_restarted;
+        // The incarnation of the target as it is now (a dead registrar keeps the number it
+        // died with until it restarts).
+        let inc = self
+            .regs
+            .iter()
+            .find(|r| r.id == target)
+            .map(|r| r.inc)
+            .unwrap_or(u32::MAX);
+        if exempt {
+            return;
+        }
+        self.stats.checks += 1;
+        // Over a lossy network a live peer can look dead: a retransmitted PRESENCE arrives
+        // after MAX-TIME-NO-RESPONSE (ENRP's failure detection is by timeout), so a takeover
+        // of a live registrar is wrong only on a network that loses nothing.
+        let lossless = self.cfg.link.loss == 0.0;
+        if let Some(r) = self.regs.iter().find(|r| r.id == target) {
+            if lossless && r.alive && r.core.is_some() {
+                let msg = format!(
+                    "{by:?} took over {target:?}, which is alive and reachable (no partition)"
+                );
+                self.fail("takeover_only_of_dead", msg);
+                return;
+            }
+        }
+        let set = self.winners.entry((target, inc)).or_default();
+        set.insert(by);
+        if set.len() > 1 {
+            let msg = format!("takeover of {target:?} won by {:?}", set);
+            self.fail("takeover_unique", msg);
+        }
+    }
+
+    /// A PE removed because pool users reported it unreachable must have failed the probe the
+    /// reports triggered: on an undisturbed network, a live PE never is (RFC 5352 §3.5, RFC 5355
+    /// §3.12: reports alone remove nothing).
+    fn removed_by_reports(&mut self, registrar: usize, pool: &PoolHandle, pe_id: PoolElementId) {
+        self.stats.reported_away += 1;
+        // A restarted PE claiming its identifier on a new association waits for the probe of
+        // the old one; when that fails, the old registration goes and the new one takes its
+        // place in the same step: nothing live was lost.
+        let listed = self.regs[registrar]
+            .core
+            .as_ref()
+            .is_some_and(|c| c.0.handlespace().find(pool, pe_id).is_some());
+        if listed {
+            return;
+        }
+        let Some(&j) = self.pe_by_id.get(&pe_id) else {
+            return;
+        };
+        let disturbed = self.partition_active
+            || self.now < self.settle_until
+            || (self.chaos && self.cfg.link.loss > 0.0)
+            || self.paused_recently.values().any(|&t| self.now < t);
+        // Only a registration the PE holds now, with this registrar, is its to lose: after a
+        // restart or a move the old registration is stale by design.
+        let p = &self.pes[j];
+        let registered_here = p.home.and_then(|a| self.assocs.get(&a)).is_some_and(|a| {
+            a.state == AssocState::Up && a.ends.contains(&HostId::Registrar(registrar))
+        });
+        let answering = p.alive && p.core.is_some() && !p.leaving && registered_here;
+        if answering && !disturbed {
+            let msg = format!(
+                "R{registrar} removed PE{j} ({pe_id}) on unreachable reports although it is alive and answering"
+            );
+            self.fail("reports_remove_only_dead", msg);
+        }
+    }
+
+    /// Cheap invariants, after every step.
+    fn check_always(&mut self) {
+        self.stats.checks += 1;
+        // Every request of a PU ends (answered or failed with a cause) in bounded time.
+        let now = self.now;
+        for (k, p) in self.pus.iter().enumerate() {
+            let h = HostId::PoolUser(k);
+            let bound = p.resolver.config().response_timeout;
+            // The resolver's deadline is on its own clock.
+            let due = |asked: Duration| {
+                let start = self.local_at(h, asked.max(p.last_connected));
+                self.global_of(h, start + bound)
+            };
+            if let Some((r, (pool, asked))) = p
+                .outstanding
+                .iter()
+                .find(|(_, (_, asked))| now > due(*asked))
+            {
+                let msg = format!(
+                    "PU{k}: request {r:?} for {pool} asked at {asked:?} neither answered nor failed by {now:?}"
+                );
+                self.fail("pu_request_once", msg);
+                return;
+            }
+        }
+    }
+
+    /// Every PE a live registrar lists is alive, or stopped less than the grace ago.
+    fn check_listings(&mut self) {
+        self.stats.checks += 1;
+        let now = self.now;
+        let grace = self.cfg.listing_grace;
+        if let Some(msg) = self.unbacked_listing(now, grace) {
+            self.fail("listed_is_backed", msg);
+        }
+    }
+
+    fn unbacked_listing(&self, now: Duration, grace: Duration) -> Option<String> {
+        for (i, r) in self.regs.iter().enumerate() {
+            let Some(c) = r.core.as_ref() else { continue };
+            for pool in c.0.handlespace().pools() {
+                for e in pool.elements() {
+                    let Some((j, p)) = self
+                        .pe_by_id
+                        .get(&e.id())
+                        .map(|&j| (j, &self.pes[j]))
+                        .filter(|(_, p)| p.pool == *e.pool_handle())
+                    else {
+                        return Some(format!(
+                            "R{i} lists {} in {}, which never existed",
+                            e.id(),
+                            e.pool_handle()
+                        ));
+                    };
+                    let backed = (p.alive && p.core.is_some())
+                        || p.ended_at.is_some_and(|t| now <= t + grace);
+                    if !backed {
+                        return Some(format!(
+                            "R{i} ({:?}) lists PE{j} ({}) in {} with home {:?}, {:?} after it stopped (grace {grace:?})",
+                            r.id,
+                            e.id(),
+                            e.pool_handle(),
+                            e.home_registrar(),
+                            p.ended_at.map(|t| now - t)
+                        ));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// At the end of the quiet phase: every live registrar holds the same handlespace with the
+    /// same checksums, every live PE is registered, listed everywhere with one live home, and
+    /// agrees with the registrars about which one.
+    fn check_converged(&mut self) {
+        self.stats.checks += 1;
+        let live: Vec<usize> = (0..self.regs.len())
+            .filter(|&i| self.regs[i].core.is_some())
+            .collect();
+        let live_ids: BTreeSet<RegistrarId> = live.iter().map(|&i| self.regs[i].id).collect();
+        let table = |w: &World, i: usize| -> BTreeSet<(PoolHandle, u32, RegistrarId)> {
+            let hs = w.regs[i].core.as_ref().expect("live").0.handlespace();
+            hs.pools()
+                .flat_map(|p| {
+                    p.elements()
+                        .map(|e| (e.pool_handle().clone(), e.id().0, e.home_registrar()))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let sums = |w: &World, i: usize| -> BTreeMap<RegistrarId, (usize, u16)> {
+            let hs = w.regs[i].core.as_ref().expect("live").0.handlespace();
+            hs.owners()
+                .map(|o| (o.owner, (o.elements, o.checksum.0)))
+                .collect()
+        };
+        let Some(&first) = live.first() else { return };
+        let t0 = table(self, first);
+        let s0 = sums(self, first);
+        for &i in &live[1..] {
+            let t = table(self, i);
+            if t != t0 {
+                let only_first: Vec<_> = t0.difference(&t).collect();
+                let only_this: Vec<_> = t.difference(&t0).collect();
+                let msg = format!(
+                    "after {:?} of quiet R{first} and R{i} differ: only R{first} has {only_first:?}, only R{i} has {only_this:?}",
+                    self.cfg.quiet
+                );
+                self.fail("handlespaces_agree", msg);
+                return;
+            }
+            let s = sums(self, i);
+            if s != s0 {
+                let msg = format!("checksums differ: R{first} {s0:?}, R{i} {s:?}");
+                self.fail("checksums_agree", msg);
+                return;
+            }
+        }
+        for (j, p) in self.pes.iter().enumerate() {
+            let Some(c) = p.core.as_ref() else { continue };
+            // Registered, or re-registering over its registrar association (the core says
+            // "not registered" while a re-registration is under way).
+            if !c.is_registered() && p.home.is_none() {
+                let msg = format!("PE{j} ({}) has no registrar after the quiet phase", p.id);
+                self.fail("pe_registered", msg);
+                return;
+            }
+            let homes: Vec<RegistrarId> = t0
+                .iter()
+                .filter(|(pool, id, _)| *pool == p.pool && *id == p.id.0)
+                .map(|(_, _, home)| *home)
+                .collect();
+            match homes.as_slice() {
+                [home] if live_ids.contains(home) => {
+                    if c.home_registrar() != Some(*home) {
+                        let msg = format!(
+                            "PE{j} believes its home is {:?}, the registrars say {home:?}",
+                            c.home_registrar()
+                        );
+                        self.fail("home_agrees", msg);
+                        return;
+                    }
+                }
+                other => {
+                    let msg = format!(
+                        "PE{j} ({}) has homes {other:?} among live registrars {live_ids:?}",
+                        p.id
+                    );
+                    self.fail("one_live_home", msg);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drifting_clocks_convert_both_ways_exactly() {
+        let mut w = World::new(SimConfig::from_seed(1));
+        let h = HostId::Registrar(0);
+        for ppm in [-20_000i64, -1, 0, 7, 20_000] {
+            w.drift.insert(h, ppm);
+            for l in [0u64, 1, 999, 1_000_000_007, 123_456_789_012] {
+                let local = Duration::from_nanos(l);
+                let g = w.global_of(h, local);
+                assert!(w.local_at(h, g) >= local, "ppm {ppm}, local {l}");
+                if g > Duration::ZERO {
+                    assert!(w.local_at(h, g - Duration::from_nanos(1)) < local);
+                }
+            }
+            // A fast clock shows more than the global time, a slow one less.
+            let t = Duration::from_secs(100);
+            assert_eq!(w.local_at(h, t) > t, ppm > 0);
+            assert_eq!(w.local_at(h, t) < t, ppm < 0);
+        }
+    }
+}
