@@ -8,24 +8,12 @@
 
 mod common;
 
-use common::process::{Proc, DEADLINE};
+use common::process::{start_pe, word_after, Proc, DEADLINE};
 use rserpool_wire::csp::{Association, ComponentGroup, ComponentId, Report, PROTOCOL_SCTP};
 use rserpool_wire::PoolElementId;
 use std::net::UdpSocket;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The word after `prefix` in `text`.
-fn word_after(text: &str, prefix: &str) -> String {
-    let i = text
-        .find(prefix)
-        .unwrap_or_else(|| panic!("{prefix:?} not in:\n{text}"));
-    text[i + prefix.len()..]
-        .split(|c: char| c.is_whitespace() || c == ',' || c == ']' || c == ')')
-        .next()
-        .unwrap()
-        .to_string()
-}
 
 /// Whether `program` is on PATH.
 fn have(program: &str) -> bool {
@@ -65,21 +53,7 @@ fn registrar(extra: &[&str]) -> (Proc, String, String, String) {
 
 /// An echo PE with metrics, registered; its ID and metrics address.
 fn pe(registrar: &str, extra: &[&str]) -> (Proc, String, String) {
-    let mut args = vec![
-        "pe",
-        "--registrar",
-        registrar,
-        "--transport",
-        "tcp",
-        "--local",
-        "127.0.0.1:0",
-        "--metrics",
-        "127.0.0.1:0",
-    ];
-    args.extend_from_slice(extra);
-    let p = Proc::start(&args, None);
-    let text = p.wait_for(" registered\n");
-    let id = word_after(&text, "PE ");
+    let (p, id) = start_pe(registrar, extra);
     let metrics = word_after(&p.wait_for("metrics at http://"), "metrics at http://")
         .trim_end_matches("/metrics")
         .to_string();

@@ -5,21 +5,9 @@
 
 mod common;
 
-use common::process::{Proc, DEADLINE};
+use common::process::{start_pe, word_after, Proc, DEADLINE};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-
-/// The word after `prefix` in `text`.
-fn word_after(text: &str, prefix: &str) -> String {
-    let i = text
-        .find(prefix)
-        .unwrap_or_else(|| panic!("{prefix:?} not in:\n{text}"));
-    text[i + prefix.len()..]
-        .split(|c: char| c.is_whitespace() || c == ',' || c == ']')
-        .next()
-        .unwrap()
-        .to_string()
-}
 
 fn registrar() -> (Proc, String) {
     let r = Proc::start(
@@ -47,24 +35,9 @@ fn registrar() -> (Proc, String) {
 
 /// A PE of `service`; returns it and its identifier once registered.
 fn pe(registrar: &str, service: &str, extra: &[&str]) -> (Proc, String) {
-    let mut args = vec![
-        "pe",
-        "--service",
-        service,
-        "--registrar",
-        registrar,
-        "--transport",
-        "tcp",
-        "--local",
-        "127.0.0.1:0",
-        "--metrics",
-        "127.0.0.1:0",
-    ];
+    let mut args = vec!["--service", service];
     args.extend_from_slice(extra);
-    let p = Proc::start(&args, None);
-    let text = p.wait_for(" registered\n");
-    let id = word_after(&text, "PE ");
-    (p, id)
+    start_pe(registrar, &args)
 }
 
 /// The value of a metric at the PE's /metrics.

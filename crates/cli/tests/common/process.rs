@@ -135,3 +135,36 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// The word after `prefix` in `text` (up to white space, ',', ']' or ')'); panics when absent.
+pub fn word_after(text: &str, prefix: &str) -> String {
+    let i = text
+        .find(prefix)
+        .unwrap_or_else(|| panic!("{prefix:?} not in:\n{text}"));
+    text[i + prefix.len()..]
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ']' || c == ')')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// `rserpool pe` over the TCP mapping on 127.0.0.1 with metrics, registered at `registrar`;
+/// the process and the PE's identifier.
+pub fn start_pe(registrar: &str, extra: &[&str]) -> (Proc, String) {
+    let mut args = vec![
+        "pe",
+        "--registrar",
+        registrar,
+        "--transport",
+        "tcp",
+        "--local",
+        "127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let p = Proc::start(&args, None);
+    let text = p.wait_for(" registered\n");
+    let id = word_after(&text, "PE ");
+    (p, id)
+}
