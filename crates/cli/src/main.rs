@@ -19,6 +19,8 @@ mod dump;
 mod monitor;
 mod pe;
 mod pu;
+#[cfg(test)]
+mod reference;
 mod registrar;
 mod resolve;
 mod tls;
