@@ -281,14 +281,7 @@ impl PeArgs {
         let Some(path) = self.config.clone() else {
             return Ok(self);
         };
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading the configuration {}", path.display()))?;
-        let mut table: toml::Table = toml::from_str(&text)
-            .with_context(|| format!("in the configuration {}", path.display()))?;
-        let service = table.remove("service-config");
-        let mut file: PeArgs = toml::Value::Table(table)
-            .try_into()
-            .with_context(|| format!("in the configuration {}", path.display()))?;
+        let (mut file, service): (PeArgs, _) = crate::units::read_config_with_service_table(&path)?;
         macro_rules! merge {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = file.$f.take(); } )* };
         }
@@ -317,8 +310,8 @@ impl PeArgs {
         if self.registrar.is_empty() {
             self.registrar = file.registrar;
         }
-        if let Some(toml::Value::Table(t)) = service {
-            self.service_settings = Some(t);
+        if service.is_some() {
+            self.service_settings = service;
         }
         Ok(self)
     }

@@ -110,14 +110,8 @@ impl PuArgs {
         let Some(path) = self.config.clone() else {
             return Ok(self);
         };
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading the configuration {}", path.display()))?;
-        let mut table: toml::Table = toml::from_str(&text)
-            .with_context(|| format!("in the configuration {}", path.display()))?;
-        let settings = table.remove("service-config");
-        let mut file: PuArgs = toml::Value::Table(table)
-            .try_into()
-            .with_context(|| format!("in the configuration {}", path.display()))?;
+        let (mut file, settings): (PuArgs, _) =
+            crate::units::read_config_with_service_table(&path)?;
         macro_rules! merge {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = file.$f.take(); } )* };
         }
@@ -141,8 +135,8 @@ impl PuArgs {
         if self.registrar.is_empty() {
             self.registrar = file.registrar;
         }
-        if let Some(toml::Value::Table(t)) = settings {
-            self.service_settings = Some(t);
+        if settings.is_some() {
+            self.service_settings = settings;
         }
         Ok(self)
     }

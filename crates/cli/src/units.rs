@@ -6,6 +6,26 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Reads the TOML configuration of `rserpool pe` or `rserpool pu`: the options as keys (into
+/// `T`) and the services' `[service-config]` table, which the options do not describe.
+pub fn read_config_with_service_table<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+) -> anyhow::Result<(T, Option<toml::Table>)> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the configuration {}", path.display()))?;
+    let mut table: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("in the configuration {}", path.display()))?;
+    let service = match table.remove("service-config") {
+        Some(toml::Value::Table(t)) => Some(t),
+        _ => None,
+    };
+    let options = toml::Value::Table(table)
+        .try_into()
+        .with_context(|| format!("in the configuration {}", path.display()))?;
+    Ok((options, service))
+}
+
 /// A duration from a flag or a TOML key: a string with units (humantime syntax). A bare number,
 /// the spelling of the first release, is still read in milliseconds and remembered, so that
 /// the caller can warn that it is deprecated.

@@ -32,6 +32,15 @@ fn no_cookies(sessions: &HashSet<SessionId>, session: SessionId) -> Result<(), C
     }
 }
 
+/// The data of a session this service does not know is refused (never served).
+fn known(sessions: &HashSet<SessionId>, session: SessionId) -> Result<(), ServiceError> {
+    if sessions.contains(&session) {
+        Ok(())
+    } else {
+        Err(ServiceError::UnknownSession(session))
+    }
+}
+
 impl ServerService for EchoServer {
     fn kind(&self) -> ServiceKind {
         ServiceKind::Echo
@@ -47,9 +56,7 @@ impl ServerService for EchoServer {
         stream: u16,
         data: &[u8],
     ) -> Result<(), ServiceError> {
-        if !self.sessions.contains(&session) {
-            return Err(ServiceError::UnknownSession(session));
-        }
+        known(&self.sessions, session)?;
         self.echoed += 1;
         self.out.push_back(ServerOutput::Send {
             session,
@@ -111,9 +118,7 @@ impl ServerService for DiscardServer {
         _stream: u16,
         data: &[u8],
     ) -> Result<(), ServiceError> {
-        if !self.sessions.contains(&session) {
-            return Err(ServiceError::UnknownSession(session));
-        }
+        known(&self.sessions, session)?;
         self.messages += 1;
         self.bytes += data.len() as u64;
         Ok(())
@@ -186,9 +191,7 @@ impl ServerService for DaytimeServer {
         _stream: u16,
         _data: &[u8],
     ) -> Result<(), ServiceError> {
-        if !self.sessions.contains(&session) {
-            return Err(ServiceError::UnknownSession(session));
-        }
+        known(&self.sessions, session)?;
         // RSPLIB ignores whatever a Daytime client sends.
         Ok(())
     }
@@ -287,9 +290,7 @@ impl ServerService for CharGenServer {
         _stream: u16,
         _data: &[u8],
     ) -> Result<(), ServiceError> {
-        if !self.sessions.contains(&session) {
-            return Err(ServiceError::UnknownSession(session));
-        }
+        known(&self.sessions, session)?;
         Ok(())
     }
     fn handle_cookie_echo(
