@@ -43,8 +43,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show what rserpool does on a built-in example (no arguments needed).
-    Demo,
+    /// Show the whole system on loopback: registrars over ENRP, PingPong PEs, pool users
+    /// with failover, the LSNAT gateway; a PE and a registrar crash (no arguments needed).
+    Demo(demo::DemoArgs),
     /// Run a registrar: ASAP for pool elements and pool users.
     Registrar(Box<registrar::RegistrarArgs>),
     /// Run the LSNAT gateway: one virtual address in front of a pool (RFC 2391).
@@ -150,7 +151,13 @@ fn main() -> ExitCode {
     let log = cli
         .log
         .clone()
-        .unwrap_or_else(|| if daemon { "info" } else { "warn" }.to_string());
+        .unwrap_or_else(|| match (&cli.command, daemon) {
+            // The demo crashes things on purpose: the warnings that follow are its story,
+            // told on stdout.
+            (Command::Demo(_), _) => "error".to_string(),
+            (_, true) => "info".to_string(),
+            _ => "warn".to_string(),
+        });
     let filter = tracing_subscriber::EnvFilter::try_new(&log).unwrap_or_else(|e| {
         eprintln!("rserpool: --log {log:?}: {e}; using \"info\"");
         tracing_subscriber::EnvFilter::new("info")
@@ -161,7 +168,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
-        Command::Demo => demo::demo(),
+        Command::Demo(args) => demo::demo(args),
         Command::Registrar(args) => registrar::run_registrar(*args),
         Command::Lsnat(args) => rserpool_lsnat::run(&args),
         Command::Resolve(args) => resolve::run(args),

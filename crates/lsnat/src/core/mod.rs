@@ -468,11 +468,14 @@ impl Gateway {
         self.active
     }
 
-    /// Members the driver should probe: every member not removed, with its address.
+    /// Members the driver should probe, with their addresses: every member not removed, and a
+    /// removed one while sessions are still bound to it.
     pub fn probe_targets(&self) -> Vec<(MemberId, SocketAddr)> {
+        // A removed member stays probed while sessions are bound to it: they end as
+        // `member_lost` when it is judged dead, not quietly as an orderly close.
         self.members
             .values()
-            .filter(|m| !m.removed)
+            .filter(|m| !m.removed || m.sessions > 0)
             .map(|m| (m.id, m.spec.address))
             .collect()
     }
