@@ -601,6 +601,35 @@ fn session_on_a_member_that_dies_is_lost_never_completed() {
 }
 
 #[test]
+fn a_removed_member_with_sessions_is_probed_until_they_end_and_its_death_loses_them() {
+    let mut g = gateway(
+        policy(LoadSharePolicy::RoundRobin),
+        vec![member(1), member(2)],
+    );
+    let (a, pa) = open(&mut g, t(0), flow(1));
+    assert_eq!(pa, 1);
+    g.reached(t(1), a);
+    // The source no longer lists member 1 (an RSerPool PE the registrar removed): no new
+    // sessions, but it is still probed while a session is bound to it.
+    g.set_members(t(2), vec![member(2)]);
+    let targets: Vec<SocketAddr> = g.probe_targets().into_iter().map(|(_, a)| a).collect();
+    assert!(targets.contains(&addr(1)), "{targets:?}");
+    assert_eq!(ports(&mut g, 3, true), vec![2; 3]);
+    // Its probes fail: judged dead, the bound session is lost (not closed).
+    let id = g.member_id(&addr(1).to_string()).unwrap();
+    dead_after_failures(&mut g, id, t(3), 3);
+    assert!(g.take_actions().iter().any(|x| matches!(
+        x,
+        Action::Close { session, outcome: Outcome::MemberLost { .. } } if *session == a
+    )));
+    assert!(!g.closed(t(4), a, Outcome::Closed));
+    // With no session left, the removed member leaves and is not probed any more.
+    assert!(g.member_id(&addr(1).to_string()).is_none());
+    let targets: Vec<SocketAddr> = g.probe_targets().into_iter().map(|(_, a)| a).collect();
+    assert_eq!(targets, vec![addr(2)]);
+}
+
+#[test]
 fn receipts_keep_selected_bound_reached_and_outcome_apart() {
     let mut g = gateway(CoreConfig::default(), vec![member(1), member(2)]);
     let b = g.open(t(5), flow(1)).unwrap();
