@@ -111,7 +111,15 @@ impl Out {
             if self.tty {
                 let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
                 let t = self.start.elapsed().as_secs_f64();
-                print_raw(&format!("\r\x1b[2K[{t:6.2}s] {text}"));
+                // One screen line, or the next rewrite would leave the wrapped part behind.
+                let width = ratatui::crossterm::terminal::size()
+                    .map(|(w, _)| usize::from(w))
+                    .unwrap_or(80);
+                let line: String = format!("[{t:6.2}s] {text}")
+                    .chars()
+                    .take(width.saturating_sub(1).max(1))
+                    .collect();
+                print_raw(&format!("\r\x1b[2K{line}"));
                 *shown = true;
             } else {
                 self.fact(format!("progress: {text}"));

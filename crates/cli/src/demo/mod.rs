@@ -532,6 +532,8 @@ async fn scenario(
             )
         })
         .collect();
+    let enrp_before: Vec<Option<rserpool_registrar::enrp::EnrpMetrics>> =
+        regs.iter().map(|r| r.metrics().enrp).collect();
     regs[dead_reg].task.abort();
     regs[dead_reg].alive = false;
     let reg_crashed = Instant::now();
@@ -572,14 +574,44 @@ async fn scenario(
     match winner {
         Some(w) if took => {
             out.fact(format!(
-                "TAKEOVER: {} (ID {}) took over {}'s PEs {} after the crash (peer silent → \
-                 PRESENCE R=1 unanswered → dead → INIT_TAKEOVER acknowledged by the other peer → \
-                 TAKEOVER_SERVER); it sends each PE an ENDPOINT_KEEP_ALIVE with H=1",
+                "TAKEOVER: {} (ID {}) took over {}'s PEs {} after the crash; it sends each PE an \
+                 ENDPOINT_KEEP_ALIVE with H=1. ENRP since the crash, as each survivor counted it:",
                 regs[w].name,
                 regs[w].id(),
                 regs[dead_reg].name,
                 ms(takeover_time)
             ));
+            for (k, r) in regs.iter().enumerate().filter(|(_, r)| r.alive) {
+                let (Some(now), Some(then)) = (r.metrics().enrp, enrp_before[k].as_ref()) else {
+                    continue;
+                };
+                let d = |f: &dyn Fn(&rserpool_registrar::enrp::EnrpMetrics) -> u64| {
+                    f(&now).saturating_sub(f(then))
+                };
+                use rserpool_wire::enrp::EnrpMessageType as T;
+                out.fact(format!(
+                    "  {}: peer found dead {}, INIT_TAKEOVER sent {} received {}, \
+                     INIT_TAKEOVER_ACK sent {} received {}, TAKEOVER_SERVER sent {} received {}, \
+                     takeovers won {} lost {}",
+                    r.name,
+                    d(&|m| m.peers_dead),
+                    d(&|m| m.sent_of(T::InitTakeover)),
+                    d(&|m| m.received_of(T::InitTakeover)),
+                    d(&|m| m.sent_of(T::InitTakeoverAck)),
+                    d(&|m| m.received_of(T::InitTakeoverAck)),
+                    d(&|m| m.sent_of(T::TakeoverServer)),
+                    d(&|m| m.received_of(T::TakeoverServer)),
+                    d(&|m| m.takeovers_of(TakeoverOutcome::Won)),
+                    d(&|m| m.takeovers_of(TakeoverOutcome::Lost)),
+                ));
+                if d(&|m| m.takeovers_of(TakeoverOutcome::Lost)) > 0 {
+                    out.fact(format!(
+                        "  ({} started a takeover too and lost the arbitration: under the rsplib \
+                         profile the lower registrar ID wins, RFC 5353 §3.5.1)",
+                        r.name
+                    ));
+                }
+            }
             let new_id = regs[w].id();
             let mut pending: Vec<PoolElementId> = orphans.clone();
             let rehomed = until(TAKEOVER_DEADLINE, || {
@@ -783,7 +815,7 @@ fn print_gateway_receipt(
         .unwrap_or_default();
     out.fact(format!(
         "{what} {} from {}: selected {} by policy {} from [{cands}]; bound to {}; reached at {} ms; \
-         {} bytes each way; outcome {}",
+         {} bytes to the member, {} to the client; outcome {}",
         r.session,
         r.client,
         sel.and_then(|s| s.candidates.iter().find(|c| c.member == s.member))
@@ -797,7 +829,8 @@ fn print_gateway_receipt(
         r.reached_ms
             .map(|t| t.saturating_sub(r.opened_ms).to_string())
             .unwrap_or_else(|| "-".into()),
-        r.bytes_to_member.min(r.bytes_to_client),
+        r.bytes_to_member,
+        r.bytes_to_client,
         r.outcome
             .as_ref()
             .map(|o| o.to_string())
@@ -807,6 +840,8 @@ fn print_gateway_receipt(
 
 #[derive(Default)]
 struct GatewayReport {
+    pings: u64,
+    pongs: u64,
     sessions: usize,
     complete: usize,
     lost: usize,
@@ -827,6 +862,8 @@ fn check_gateway(
         ..GatewayReport::default()
     };
     for s in sessions {
+        rep.pings += s.pings;
+        rep.pongs += s.pongs;
         let receipt = receipts.get(&s.client);
         let outcome = receipt.and_then(|r| r.outcome.as_ref());
         if let Some(o) = outcome {
@@ -923,6 +960,16 @@ fn summary(
         "  {:<22} {:>6} {:>9} {:>15} {:>7} {:>11} {:>5}",
         "requests, all PUs", s, a, d, r, f, l
     ));
+    out.line(format!(
+        "  {:<22} {:>6} {:>9} {:>15} {:>7} {:>11} {:>5}",
+        "gateway client",
+        gw.pings,
+        gw.pongs,
+        "-",
+        "-",
+        "-",
+        gw.pings.saturating_sub(gw.pongs)
+    ));
     let mut outcomes: Vec<String> = gw
         .outcomes
         .iter()
@@ -930,8 +977,8 @@ fn summary(
         .collect();
     outcomes.sort();
     out.line(format!(
-        "  gateway sessions       {} ({} complete, {} lost their member, {} could not run); \
-         gateway outcomes: {}",
+        "  gateway sessions       {} ({} complete, {} lost their member and could not go on: \
+         a bound TCP session cannot move, RFC 2391; {} could not run); gateway outcomes: {}",
         gw.sessions,
         gw.complete,
         gw.lost,
