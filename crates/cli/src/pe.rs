@@ -421,7 +421,11 @@ impl PeMetrics {
                 "Data messages received.",
                 s.messages_received,
             ),
-            ("messages_sent_total", "Data messages sent.", s.messages_sent),
+            (
+                "messages_sent_total",
+                "Data messages sent.",
+                s.messages_sent,
+            ),
             (
                 "bad_input_total",
                 "Sessions aborted for bad control-channel input.",

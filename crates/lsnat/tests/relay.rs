@@ -674,7 +674,9 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
     let status = get(http, "/status").await;
     assert!(status.starts_with("HTTP/1.1 200"));
     assert!(
-        status.to_ascii_lowercase().contains("content-type: application/json"),
+        status
+            .to_ascii_lowercase()
+            .contains("content-type: application/json"),
         "{status}"
     );
     let body = status.split("\r\n\r\n").nth(1).unwrap();

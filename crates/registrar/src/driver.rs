@@ -253,7 +253,7 @@ pub async fn run(
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| DriverError::Bind {
-                    what: "metrics listener",
+                    what: "metrics (the HTTP endpoint)",
                     addr,
                     source,
                 })?;

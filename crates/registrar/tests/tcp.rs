@@ -427,7 +427,10 @@ async fn http_endpoint_serves_status_healthz_and_404() {
 
     let (head, body) = http_get(addr, "/metrics").await;
     assert!(head.starts_with("http/1.1 200"), "{head}");
-    assert!(head.contains("content-type: application/openmetrics-text"), "{head}");
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
     assert!(body.ends_with("# EOF\n"), "{body}");
     // Every sample line is `name{labels} value` with a rserpool_registrar_ name.
     for line in body.lines().filter(|l| !l.starts_with('#')) {
@@ -448,7 +451,10 @@ async fn http_endpoint_serves_status_healthz_and_404() {
     let pools = doc["pools"].as_array().unwrap();
     assert_eq!(pools.len(), 2, "{doc}");
     assert_eq!(doc["pools_omitted"], 1);
-    let a = pools.iter().find(|p| p["handle"] == "A").expect("pool A listed");
+    let a = pools
+        .iter()
+        .find(|p| p["handle"] == "A")
+        .expect("pool A listed");
     assert_eq!(a["pool_elements"], 2);
     assert!(a["checksum"].as_str().unwrap().starts_with("0x"));
     assert_eq!(doc["counters"]["registrations"], 4);

@@ -10,17 +10,15 @@ use tokio::sync::watch;
 /// Serves the endpoint until `stop` turns true.
 pub(crate) async fn serve(shared: Arc<Shared>, l: TcpListener, mut stop: watch::Receiver<bool>) {
     let (m, s) = (shared.clone(), shared);
-    rserpool_observe::server::Endpoint::new("lsnat", move || {
-        m.lock().metric_set().render()
-    })
-    .status(move || {
-        let now = s.now();
-        let status = s.lock().core.status(now);
-        serde_json::to_value(&status)
-            .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
-    })
-    .serve(l, async move {
-        let _ = stop.changed().await;
-    })
-    .await;
+    rserpool_observe::server::Endpoint::new("lsnat", move || m.lock().metric_set().render())
+        .status(move || {
+            let now = s.now();
+            let status = s.lock().core.status(now);
+            serde_json::to_value(&status)
+                .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+        })
+        .serve(l, async move {
+            let _ = stop.changed().await;
+        })
+        .await;
 }

@@ -1,8 +1,8 @@
 //! ENRP counters and the registrar's peer status, rendered with the registrar's metrics.
 
+use rserpool_observe::{Kind, MetricSet};
 use rserpool_wire::enrp::EnrpMessageType;
 use rserpool_wire::{PeChecksum, RegistrarId};
-use rserpool_observe::{Kind, MetricSet};
 
 /// Takeover outcomes, in the order [`EnrpMetrics::takeovers`] counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -254,7 +254,10 @@ impl EnrpMetrics {
             f.sample(
                 &[
                     ("id", &s.id.to_string()),
-                    ("announced_checksum", &format!("0x{:04x}", s.announced_checksum.0)),
+                    (
+                        "announced_checksum",
+                        &format!("0x{:04x}", s.announced_checksum.0),
+                    ),
                     ("held_checksum", &format!("0x{:04x}", s.held_checksum.0)),
                     ("sync", s.sync),
                 ],
