@@ -7,6 +7,7 @@ mod common;
 
 use common::process::{start_pe, word_after, Proc};
 use common::{start, wait_for};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -89,9 +90,23 @@ fn value(s: &prometheus_parse::Scrape, name: &str) -> Option<f64> {
         })
 }
 
-#[test]
-fn every_daemon_serves_metrics_status_and_healthz() {
-    let registrar = start(0x7001, None);
+/// A registrar (with an ENRP peer), a PingPong PE, a PU and a gateway, each with its endpoint.
+struct All {
+    registrar: common::Registrar,
+    _peer: common::Registrar,
+    pe: Proc,
+    pe_id: String,
+    pe_addr: String,
+    pu: Proc,
+    pu_addr: String,
+    gateway: Proc,
+    gw_addr: String,
+    _dir: tempfile::TempDir,
+}
+
+fn start_all(id: u32) -> All {
+    let registrar = start(id, None);
+    let peer = start(id + 1, Some(registrar.enrp));
     let asap = registrar.asap.to_string();
     let (pe, pe_id) = start_pe(&asap, &["--service", "pingpong"]);
     let pe_addr = word_after(&pe.wait_for("metrics at http://"), "metrics at http://")
@@ -133,10 +148,41 @@ fn every_daemon_serves_metrics_status_and_healthz() {
     )
     .trim_end_matches("/metrics")
     .to_string();
+    // The registrars are peers before anything is read.
+    let m = registrar.metrics.to_string();
+    wait_for("the ENRP peer", Duration::from_secs(60), || {
+        let (_, _, body) = get(&m, "/metrics");
+        body.contains("rserpool_registrar_enrp_peers 1\n")
+    });
+    All {
+        registrar,
+        _peer: peer,
+        pe,
+        pe_id,
+        pe_addr,
+        pu,
+        pu_addr,
+        gateway,
+        gw_addr,
+        _dir: dir,
+    }
+}
 
+#[test]
+fn every_daemon_serves_metrics_status_and_healthz() {
+    let all = start_all(0x7001);
+    let All {
+        registrar,
+        pe_id,
+        pe_addr,
+        pu_addr,
+        gw_addr,
+        ..
+    } = &all;
+    let pe_id = pe_id.clone();
     // The PU answers once its session has run a little: Pongs came back.
     wait_for("the PU's Pongs", Duration::from_secs(60), || {
-        let (_, _, body) = get(&pu_addr, "/status");
+        let (_, _, body) = get(pu_addr, "/status");
         serde_json::from_str::<serde_json::Value>(&body)
             .ok()
             .and_then(|d| d["counters"]["messages_received"].as_u64())
@@ -148,6 +194,7 @@ fn every_daemon_serves_metrics_status_and_healthz() {
     assert_eq!(value(&m, "rserpool_registrar_pool_elements"), Some(1.0));
     assert_eq!(doc["registrar_id"], "$00007001");
     assert_eq!(doc["pool_element_count"], 1);
+    assert_eq!(doc["peers"][0]["id"], "$00007002", "{doc}");
     assert_eq!(doc["pools"][0]["handle"], "PingPongPool", "{doc}");
     assert_eq!(doc["pools"][0]["pool_elements"], 1, "{doc}");
     assert!(
@@ -155,29 +202,29 @@ fn every_daemon_serves_metrics_status_and_healthz() {
         "{doc}"
     );
 
-    let (m, doc) = check_endpoint(&pe_addr, "pe");
+    let (m, doc) = check_endpoint(pe_addr, "pe");
     assert_eq!(value(&m, "rserpool_pe_registered"), Some(1.0));
     assert_eq!(doc["id"], pe_id.as_str(), "{doc}");
     assert_eq!(doc["registered"], true, "{doc}");
     // The home registrar is known once it has sent a keep-alive (it names itself there).
     assert!(doc["home"].is_null() || doc["home"] == "$00007001", "{doc}");
 
-    let (m, doc) = check_endpoint(&pu_addr, "pu");
+    let (m, doc) = check_endpoint(pu_addr, "pu");
     assert!(value(&m, "rserpool_pu_reached_total").unwrap() >= 1.0);
     assert_eq!(value(&m, "rserpool_pu_session_open"), Some(1.0));
     assert_eq!(doc["pool"], "PingPongPool", "{doc}");
     assert_eq!(doc["pe"], pe_id.as_str(), "{doc}");
     assert_eq!(doc["session"], "open", "{doc}");
 
-    let (m, doc) = check_endpoint(&gw_addr, "lsnat");
+    let (m, doc) = check_endpoint(gw_addr, "lsnat");
     assert_eq!(value(&m, "rserpool_lsnat_sessions_active"), Some(0.0));
     assert_eq!(doc["members"][0]["address"], "127.0.0.1:9", "{doc}");
 
     // The monitor reads all four and shows the PU beside the pool's PE.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rserpool"))
         .args([
-            "monitor", "--once", "--csp", "off", "--status", &reg_addr, "--status", &pe_addr,
-            "--status", &pu_addr, "--status", &gw_addr,
+            "monitor", "--once", "--csp", "off", "--status", &reg_addr, "--status", pe_addr,
+            "--status", pu_addr, "--status", gw_addr,
         ])
         .output()
         .unwrap();
@@ -200,7 +247,7 @@ fn every_daemon_serves_metrics_status_and_healthz() {
             .any(|l| l.contains("PU") && l.contains(&pe_id) && l.contains("open")),
         "the PU's session:\n{text}"
     );
-    drop((pe, pu, gateway));
+    drop(all);
 }
 
 /// `--metrics` with an address that cannot be bound: every daemon stops with an error naming
@@ -265,4 +312,118 @@ fn a_bad_metrics_address_is_named() {
         assert!(last.contains(bad), "{args:?}: {err}");
         assert!(last.contains("metrics"), "{args:?}: {err}");
     }
+}
+
+/// Metric families of OpenMetrics text: sample name (counters with `_total`) → type, help and
+/// the label names their samples carry.
+fn families(text: &str) -> BTreeMap<String, (String, String, BTreeSet<String>)> {
+    let mut help = BTreeMap::new();
+    let mut out: BTreeMap<String, (String, String, BTreeSet<String>)> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, h) = rest.split_once(' ').unwrap_or((rest, ""));
+            help.insert(name.to_string(), h.to_string());
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            let sample = if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            out.insert(
+                sample,
+                (
+                    kind.to_string(),
+                    help.get(name).cloned().unwrap_or_default(),
+                    BTreeSet::new(),
+                ),
+            );
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            if let (Some(f), Some(rest)) = (out.get_mut(&line[..end]), line[end..].strip_prefix('{')) {
+                // Label values never hold `",` unescaped, nor `"}` before the end.
+                for pair in rest.rsplit_once('}').map(|x| x.0).unwrap_or("").split("\",") {
+                    if let Some((k, _)) = pair.split_once('=') {
+                        f.2.insert(k.trim().to_string());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// docs/operations.md lists every metric family the daemons serve (and no other), with its
+/// type, labels and help text: the table between the markers is generated from what a running
+/// registrar (with a peer), PE, PU and gateway serve, plus the NAT data plane's counters.
+/// `UPDATE_DOCS=1` rewrites it.
+#[test]
+fn the_operations_guide_lists_every_served_metric() {
+    let all = start_all(0x7101);
+    wait_for("the PU's Pongs", Duration::from_secs(60), || {
+        let (_, _, body) = get(&all.pu_addr, "/metrics");
+        body.contains("rserpool_pu_reached_total 1")
+    });
+    // The member's liveness families have samples once its probes have said something (the
+    // member is a closed port: refused, then dead), so that their labels are known.
+    wait_for("the member's evidence and transitions", Duration::from_secs(60), || {
+        let (_, _, body) = get(&all.gw_addr, "/metrics");
+        body.contains("rserpool_lsnat_member_evidence_total{")
+            && body.contains("rserpool_lsnat_member_transitions_total{")
+    });
+    let mut served = BTreeMap::new();
+    for addr in [
+        all.registrar.metrics.to_string(),
+        all.pe_addr.clone(),
+        all.pu_addr.clone(),
+        all.gw_addr.clone(),
+    ] {
+        served.extend(families(&get(&addr, "/metrics").2));
+    }
+    let mut nat = String::new();
+    rserpool_lsnat::nat::Stats::default().render_prometheus(&mut nat);
+    served.extend(families(&nat));
+    let component_order = ["registrar", "pe", "pu", "lsnat"];
+    let mut rows: Vec<_> = served.into_iter().collect();
+    rows.sort_by_key(|(name, _)| {
+        let c = name.split('_').nth(1).unwrap_or("");
+        (
+            component_order.iter().position(|x| *x == c).unwrap_or(9),
+            name.clone(),
+        )
+    });
+    let mut table = String::from(
+        "| metric | type | labels | meaning |\n|---|---|---|---|\n",
+    );
+    for (name, (kind, help, labels)) in rows {
+        let labels = if labels.is_empty() {
+            "".to_string()
+        } else {
+            labels
+                .iter()
+                .map(|l| format!("`{l}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        table.push_str(&format!(
+            "| `{name}` | {kind} | {labels} | {} |\n",
+            help.replace('|', "\\|")
+        ));
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
+    let doc = std::fs::read_to_string(path).expect("docs/operations.md");
+    let (begin, end) = ("<!-- metrics:begin -->\n", "<!-- metrics:end -->");
+    let i = doc.find(begin).expect("the begin marker") + begin.len();
+    let j = doc.find(end).expect("the end marker");
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(path, format!("{}{table}{}", &doc[..i], &doc[j..])).unwrap();
+        return;
+    }
+    assert!(
+        doc[i..j] == table,
+        "docs/operations.md does not list the metrics served; run \
+         UPDATE_DOCS=1 cargo test -p rserpool-cli --test observe the_operations_guide\n\
+         served:\n{table}"
+    );
+    drop(all);
 }
