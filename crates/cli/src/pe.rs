@@ -120,6 +120,14 @@ pub struct PeArgs {
     /// /healthz.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// Time a client of the HTTP endpoint has to send its request and read the answer, e.g.
+    /// "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::duration_arg)]
+    #[serde(default, with = "humantime_serde")]
+    pub metrics_timeout: Option<Duration>,
+    /// HTTP endpoint connections served at once; further ones are closed. [default: 64]
+    #[arg(long, value_name = "N")]
+    pub metrics_max_connections: Option<usize>,
     /// Send Component Status Protocol reports to this monitor (UDP; port 2960 when left out;
     /// RSPLIB's `-cspserver`). Alone, reports go every 250 ms.
     #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
@@ -305,6 +313,8 @@ impl PeArgs {
             max_message_size,
             cookie_key_file,
             metrics,
+            metrics_timeout,
+            metrics_max_connections,
             csp_server,
             csp_interval
         );
@@ -475,6 +485,7 @@ impl PeMetrics {
 /// Runs the pool element until SIGINT or SIGTERM.
 pub fn run(args: PeArgs) -> Result<()> {
     let a = args.merged()?;
+    let http_limits = crate::units::http_limits(a.metrics_timeout, a.metrics_max_connections)?;
     let kind = service_kind(a.service.as_deref())?;
     let transport = transport_choice("transport", a.transport.as_deref())?;
     let tls = a.tls.settings()?;
@@ -651,6 +662,7 @@ pub fn run(args: PeArgs) -> Result<()> {
                             .map(|m| m.status(service))
                             .unwrap_or_default()
                     })
+                    .limits(http_limits)
                     .spawn(listener),
                 )
             }

@@ -90,6 +90,14 @@ pub struct PuArgs {
     /// (OpenMetrics), /status (JSON), /healthz.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// Time a client of the HTTP endpoint has to send its request and read the answer, e.g.
+    /// "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::duration_arg)]
+    #[serde(default, with = "humantime_serde")]
+    pub metrics_timeout: Option<Duration>,
+    /// HTTP endpoint connections served at once; further ones are closed. [default: 64]
+    #[arg(long, value_name = "N")]
+    pub metrics_max_connections: Option<usize>,
     /// Send Component Status Protocol reports to this monitor while the session runs (UDP;
     /// port 2960 when left out; RSPLIB's `-cspserver`). Alone, reports go every 250 ms.
     #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
@@ -134,6 +142,8 @@ impl PuArgs {
             quiet,
             timestamps,
             metrics,
+            metrics_timeout,
+            metrics_max_connections,
             csp_server,
             csp_interval
         );
@@ -302,6 +312,7 @@ pub fn run(args: PuArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let metrics_addr = a.metrics;
+    let http_limits = crate::units::http_limits(a.metrics_timeout, a.metrics_max_connections)?;
     rt.block_on(async move {
         // Bound first: a bad address is an error before any session is opened.
         let metrics_listener = match metrics_addr {
@@ -322,7 +333,11 @@ pub fn run(args: PuArgs) -> Result<()> {
         let _http = match metrics_listener {
             Some(l) => {
                 eprintln!("metrics at http://{}/metrics", l.local_addr()?);
-                Some(pool_user_endpoint(&session, pool.clone(), kind).spawn(l))
+                Some(
+                    pool_user_endpoint(&session, pool.clone(), kind)
+                        .limits(http_limits)
+                        .spawn(l),
+                )
             }
             None => None,
         };

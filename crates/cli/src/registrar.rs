@@ -152,6 +152,13 @@ pub struct RegistrarArgs {
     /// that the document stays small for a huge handlespace. [default: 256]
     #[arg(long, value_name = "N")]
     pub status_max_pools: Option<usize>,
+    /// Time a client of the HTTP endpoint has to send its request and read the answer, e.g.
+    /// "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub metrics_timeout: Option<DurationValue>,
+    /// HTTP endpoint connections served at once; further ones are closed. [default: 64]
+    #[arg(long, value_name = "N")]
+    pub metrics_max_connections: Option<usize>,
     /// Send Component Status Protocol reports to this monitor (UDP; port 2960 when left out;
     /// rspregistrar's `-cspserver`). Alone, reports go every 250 ms.
     #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
@@ -302,6 +309,8 @@ impl RegistrarArgs {
             enforce_registration_life,
             metrics,
             status_max_pools,
+            metrics_timeout,
+            metrics_max_connections,
             csp_server,
             csp_interval,
             seed,
@@ -528,6 +537,11 @@ impl RegistrarArgs {
         if let Some(n) = a.status_max_pools {
             config.status_max_pools = n;
         }
+        config.http_limits =
+            crate::units::http_limits(
+            a.metrics_timeout.map(|d| d.duration),
+            a.metrics_max_connections,
+        )?;
         if let Some(n) = a.max_held_answers {
             if n == 0 {
                 bail!("max-held-answers: must be at least 1");

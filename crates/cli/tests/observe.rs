@@ -427,3 +427,66 @@ fn the_operations_guide_lists_every_served_metric() {
     );
     drop(all);
 }
+
+/// `--metrics-max-connections` and `--metrics-timeout` reach the endpoint: with one slot, a
+/// silent client holds it and the next client is closed without an answer until the first
+/// leaves. Bad values are refused naming the setting.
+#[test]
+fn http_limits_are_set_and_checked() {
+    let r = common::start_with(0x7201, None, &["--metrics-max-connections", "1", "--metrics-timeout", "60s"]);
+    let addr = r.metrics.to_string();
+    assert_eq!(get(&addr, "/healthz").0, 200);
+    let silent = std::net::TcpStream::connect(&addr).unwrap();
+    // The silent connection is accepted first and holds the one slot: the next is refused.
+    let refused = {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text
+    };
+    assert!(refused.is_empty(), "answered beyond the connection limit: {refused}");
+    drop(silent);
+    wait_for("the slot to be free again", Duration::from_secs(60), || {
+        std::net::TcpStream::connect(&addr)
+            .and_then(|mut s| {
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")?;
+                let mut text = String::new();
+                s.read_to_string(&mut text)?;
+                Ok(text.starts_with("HTTP/1.1 200"))
+            })
+            .unwrap_or(false)
+    });
+
+    let check = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rserpool"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} must be refused");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = check(&[
+        "registrar", "--asap", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--metrics-timeout", "0s",
+        "--check",
+    ]);
+    assert!(err.contains("metrics-timeout"), "{err}");
+    let err = check(&[
+        "pe", "--registrar", "127.0.0.1:9", "--metrics", "127.0.0.1:0",
+        "--metrics-max-connections", "0", "--check",
+    ]);
+    assert!(err.contains("metrics-max-connections"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lsnat.toml");
+    std::fs::write(
+        &config,
+        "metrics = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+         [pool]\npolicy = \"round-robin\"\nmembers = [ { address = \"127.0.0.1:9\", weight = 1 } ]\n\
+         [limits]\nmetrics-max-connections = 0\n",
+    )
+    .unwrap();
+    let err = check(&["lsnat", "-c", config.to_str().unwrap(), "--check"]);
+    assert!(err.contains("metrics-max-connections"), "{err}");
+}

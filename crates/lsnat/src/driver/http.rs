@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 /// Serves the endpoint until `stop` turns true.
 pub(crate) async fn serve(shared: Arc<Shared>, l: TcpListener, mut stop: watch::Receiver<bool>) {
+    let limits = shared.config.http_limits;
     let (m, s) = (shared.clone(), shared);
     rserpool_observe::server::Endpoint::new("lsnat", move || m.lock().metric_set().render())
         .status(move || {
@@ -17,6 +18,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: TcpListener, mut stop: watch::
             serde_json::to_value(&status)
                 .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
         })
+        .limits(limits)
         .serve(l, async move {
             let _ = stop.changed().await;
         })
