@@ -537,8 +537,7 @@ impl RegistrarArgs {
         if let Some(n) = a.status_max_pools {
             config.status_max_pools = n;
         }
-        config.http_limits =
-            crate::units::http_limits(
+        config.http_limits = crate::units::http_limits(
             a.metrics_timeout.map(|d| d.duration),
             a.metrics_max_connections,
         )?;

@@ -123,7 +123,10 @@ fn every_query_of_the_dashboard_names_served_metrics_and_labels() {
         "{served:?}"
     );
     assert!(served.contains_key("rserpool_pe_sessions"), "{served:?}");
-    assert!(served.contains_key("rserpool_pu_reached_total"), "{served:?}");
+    assert!(
+        served.contains_key("rserpool_pu_reached_total"),
+        "{served:?}"
+    );
     assert!(
         served.contains_key("rserpool_lsnat_member_selected_total"),
         "{served:?}"

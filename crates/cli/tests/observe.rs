@@ -94,12 +94,12 @@ fn value(s: &prometheus_parse::Scrape, name: &str) -> Option<f64> {
 struct All {
     registrar: common::Registrar,
     _peer: common::Registrar,
-    pe: Proc,
+    _pe: Proc,
     pe_id: String,
     pe_addr: String,
-    pu: Proc,
+    _pu: Proc,
     pu_addr: String,
-    gateway: Proc,
+    _gateway: Proc,
     gw_addr: String,
     _dir: tempfile::TempDir,
 }
@@ -157,12 +157,12 @@ fn start_all(id: u32) -> All {
     All {
         registrar,
         _peer: peer,
-        pe,
+        _pe: pe,
         pe_id,
         pe_addr,
-        pu,
+        _pu: pu,
         pu_addr,
-        gateway,
+        _gateway: gateway,
         gw_addr,
         _dir: dir,
     }
@@ -340,9 +340,16 @@ fn families(text: &str) -> BTreeMap<String, (String, String, BTreeSet<String>)> 
             );
         } else if !line.starts_with('#') && !line.is_empty() {
             let end = line.find(['{', ' ']).unwrap_or(line.len());
-            if let (Some(f), Some(rest)) = (out.get_mut(&line[..end]), line[end..].strip_prefix('{')) {
+            if let (Some(f), Some(rest)) =
+                (out.get_mut(&line[..end]), line[end..].strip_prefix('{'))
+            {
                 // Label values never hold `",` unescaped, nor `"}` before the end.
-                for pair in rest.rsplit_once('}').map(|x| x.0).unwrap_or("").split("\",") {
+                for pair in rest
+                    .rsplit_once('}')
+                    .map(|x| x.0)
+                    .unwrap_or("")
+                    .split("\",")
+                {
                     if let Some((k, _)) = pair.split_once('=') {
                         f.2.insert(k.trim().to_string());
                     }
@@ -366,11 +373,15 @@ fn the_operations_guide_lists_every_served_metric() {
     });
     // The member's liveness families have samples once its probes have said something (the
     // member is a closed port: refused, then dead), so that their labels are known.
-    wait_for("the member's evidence and transitions", Duration::from_secs(60), || {
-        let (_, _, body) = get(&all.gw_addr, "/metrics");
-        body.contains("rserpool_lsnat_member_evidence_total{")
-            && body.contains("rserpool_lsnat_member_transitions_total{")
-    });
+    wait_for(
+        "the member's evidence and transitions",
+        Duration::from_secs(60),
+        || {
+            let (_, _, body) = get(&all.gw_addr, "/metrics");
+            body.contains("rserpool_lsnat_member_evidence_total{")
+                && body.contains("rserpool_lsnat_member_transitions_total{")
+        },
+    );
     let mut served = BTreeMap::new();
     for addr in [
         all.registrar.metrics.to_string(),
@@ -392,9 +403,7 @@ fn the_operations_guide_lists_every_served_metric() {
             name.clone(),
         )
     });
-    let mut table = String::from(
-        "| metric | type | labels | meaning |\n|---|---|---|---|\n",
-    );
+    let mut table = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
     for (name, (kind, help, labels)) in rows {
         let labels = if labels.is_empty() {
             "".to_string()
@@ -433,7 +442,11 @@ fn the_operations_guide_lists_every_served_metric() {
 /// leaves. Bad values are refused naming the setting.
 #[test]
 fn http_limits_are_set_and_checked() {
-    let r = common::start_with(0x7201, None, &["--metrics-max-connections", "1", "--metrics-timeout", "60s"]);
+    let r = common::start_with(
+        0x7201,
+        None,
+        &["--metrics-max-connections", "1", "--metrics-timeout", "60s"],
+    );
     let addr = r.metrics.to_string();
     assert_eq!(get(&addr, "/healthz").0, 200);
     let silent = std::net::TcpStream::connect(&addr).unwrap();
@@ -446,7 +459,10 @@ fn http_limits_are_set_and_checked() {
         let _ = s.read_to_string(&mut text);
         text
     };
-    assert!(refused.is_empty(), "answered beyond the connection limit: {refused}");
+    assert!(
+        refused.is_empty(),
+        "answered beyond the connection limit: {refused}"
+    );
     drop(silent);
     wait_for("the slot to be free again", Duration::from_secs(60), || {
         std::net::TcpStream::connect(&addr)
@@ -469,13 +485,25 @@ fn http_limits_are_set_and_checked() {
         String::from_utf8_lossy(&out.stderr).to_string()
     };
     let err = check(&[
-        "registrar", "--asap", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--metrics-timeout", "0s",
+        "registrar",
+        "--asap",
+        "127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
+        "--metrics-timeout",
+        "0s",
         "--check",
     ]);
     assert!(err.contains("metrics-timeout"), "{err}");
     let err = check(&[
-        "pe", "--registrar", "127.0.0.1:9", "--metrics", "127.0.0.1:0",
-        "--metrics-max-connections", "0", "--check",
+        "pe",
+        "--registrar",
+        "127.0.0.1:9",
+        "--metrics",
+        "127.0.0.1:0",
+        "--metrics-max-connections",
+        "0",
+        "--check",
     ]);
     assert!(err.contains("metrics-max-connections"), "{err}");
     let dir = tempfile::tempdir().unwrap();

@@ -934,15 +934,18 @@ mod tests {
     #[test]
     fn registrar_pools_and_pool_users_from_status() {
         let mut st = State::new(
-            &["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:3".into()],
+            &[
+                "127.0.0.1:1".into(),
+                "127.0.0.1:2".into(),
+                "127.0.0.1:3".into(),
+            ],
             10,
             Duration::from_secs(30),
         );
         let now = Instant::now();
         // A registrar whose /status lists two pools; one PE of EchoPool has its own endpoint.
-        st.sources[0].metrics = Some(
-            parse_prometheus("rserpool_registrar_info{id=\"$0000abcd\"} 1\n").0,
-        );
+        st.sources[0].metrics =
+            Some(parse_prometheus("rserpool_registrar_info{id=\"$0000abcd\"} 1\n").0);
         st.sources[0].status = Some(serde_json::json!({
             "component": "registrar",
             "pools": [
@@ -966,13 +969,17 @@ mod tests {
         }
         let p = panes(&st, now);
         let pools = &p[1].rows;
-        assert_eq!(pools[0][..2], ["EchoPool", "3"], "the registrar knows 3 PEs");
+        assert_eq!(
+            pools[0][..2],
+            ["EchoPool", "3"],
+            "the registrar knows 3 PEs"
+        );
         assert!(pools[0][4].contains("http://127.0.0.1:1"), "{pools:?}");
         assert_eq!(pools[1][..4], ["PingPongPool", "1", "0", "1"], "{pools:?}");
-        assert!(p[3]
-            .rows
-            .iter()
-            .any(|r| r[0] == "PU" && r[1] == "PingPongPool" && r[2] == "$00000002" && r[5] == "open"));
+        assert!(p[3].rows.iter().any(|r| r[0] == "PU"
+            && r[1] == "PingPongPool"
+            && r[2] == "$00000002"
+            && r[5] == "open"));
     }
 
     #[test]
