@@ -116,9 +116,18 @@ pub struct PeArgs {
     /// RSPLIB]
     #[arg(long, value_name = "FILE")]
     pub cookie_key_file: Option<PathBuf>,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (and /healthz).
+    /// Serve the HTTP endpoint here: http://ADDR:PORT/metrics (OpenMetrics), /status (JSON),
+    /// /healthz.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// Time a client of the HTTP endpoint has to send its request and read the answer, e.g.
+    /// "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::duration_arg)]
+    #[serde(default, with = "humantime_serde")]
+    pub metrics_timeout: Option<Duration>,
+    /// HTTP endpoint connections served at once; further ones are closed. [default: 64]
+    #[arg(long, value_name = "N")]
+    pub metrics_max_connections: Option<usize>,
     /// Send Component Status Protocol reports to this monitor (UDP; port 2960 when left out;
     /// RSPLIB's `-cspserver`). Alone, reports go every 250 ms.
     #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
@@ -304,6 +313,8 @@ impl PeArgs {
             max_message_size,
             cookie_key_file,
             metrics,
+            metrics_timeout,
+            metrics_max_connections,
             csp_server,
             csp_interval
         );
@@ -335,170 +346,146 @@ struct PeMetrics {
 }
 
 impl PeMetrics {
-    fn render(&self) -> String {
+    /// The metrics as of now (`rserpool_pe_…`).
+    fn metric_set(&self) -> rserpool_observe::MetricSet {
         let s = &self.server;
-        let mut o = String::new();
-        let label = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
-        o.push_str(&format!(
-            "# HELP rserpool_pe_info This PE: its identifier, pool, home registrar and registered load.\n# TYPE rserpool_pe_info gauge\nrserpool_pe_info{{id=\"{}\",pool=\"{}\",home=\"{}\",load=\"{}\"}} 1\n",
-            self.id,
-            label(&self.pool),
-            self.home.filter(|(h, _)| h.0 != 0).map(|(h, _)| h.to_string()).unwrap_or_default(),
-            self.load.map(|l| format!("{:.0}%", l * 100.0)).unwrap_or_else(|| "-".into())
-        ));
-        let mut line = |name: &str, help: &str, kind: &str, v: u64| {
-            o.push_str(&format!(
-                "# HELP rserpool_pe_{name} {help}\n# TYPE rserpool_pe_{name} {kind}\nrserpool_pe_{name} {v}\n"
-            ));
-        };
-        line(
-            "registered",
-            "1 while a registrar has accepted the registration",
-            "gauge",
+        let mut m = rserpool_observe::MetricSet::new();
+        let home = self
+            .home
+            .filter(|(h, _)| h.0 != 0)
+            .map(|(h, _)| h.to_string())
+            .unwrap_or_default();
+        let load = self
+            .load
+            .map(|l| format!("{:.0}%", l * 100.0))
+            .unwrap_or_else(|| "-".into());
+        m.family(
+            "rserpool_pe_info",
+            rserpool_observe::Kind::Gauge,
+            "This PE: its identifier, pool, home registrar and registered load.",
+        )
+        .sample(
+            &[
+                ("id", &self.id.to_string()),
+                ("pool", &self.pool),
+                ("home", &home),
+                ("load", &load),
+            ],
+            1,
+        );
+        m.gauge(
+            "rserpool_pe_registered",
+            "1 while a registrar has accepted the registration.",
             u64::from(self.registered),
         );
-        line(
-            "registrations_total",
-            "Registrations accepted (first and re-registrations)",
-            "counter",
-            self.registrations,
-        );
-        line(
-            "keep_alives_total",
-            "Registrar keep-alives answered",
-            "counter",
-            self.keep_alives,
-        );
-        line(
-            "new_homes_total",
-            "Takeovers by a new home registrar (H=1 keep-alive)",
-            "counter",
-            self.new_homes,
-        );
-        line(
-            "hunt_rounds_failed_total",
-            "Server hunt rounds in which no registrar answered",
-            "counter",
-            self.hunt_rounds_failed,
-        );
-        line("sessions", "Sessions now", "gauge", s.active);
-        line(
-            "sessions_accepted_total",
-            "Sessions accepted",
-            "counter",
-            s.accepted,
-        );
-        line(
-            "sessions_refused_total",
-            "Sessions refused at the session limit",
-            "counter",
-            s.refused,
-        );
-        line(
-            "cookies_sent_total",
-            "ASAP_COOKIEs sent",
-            "counter",
-            s.cookies_sent,
-        );
-        line(
-            "cookie_echoes_total",
-            "ASAP_COOKIE_ECHOs handed to the service",
-            "counter",
-            s.cookie_echoes,
-        );
-        line(
-            "cookie_echoes_refused_total",
-            "Cookie echoes the service refused",
-            "counter",
-            s.cookie_echoes_refused,
-        );
-        line(
-            "business_cards_sent_total",
-            "ASAP_BUSINESS_CARDs sent",
-            "counter",
-            s.business_cards_sent,
-        );
-        line(
-            "messages_received_total",
-            "Data messages received",
-            "counter",
-            s.messages_received,
-        );
-        line(
-            "messages_sent_total",
-            "Data messages sent",
-            "counter",
-            s.messages_sent,
-        );
-        line(
-            "bad_input_total",
-            "Sessions aborted for bad control-channel input",
-            "counter",
-            s.bad_input,
-        );
-        line(
-            "service_aborts_total",
-            "Sessions the service aborted",
-            "counter",
-            s.service_aborts,
-        );
-        o
+        for (name, help, v) in [
+            (
+                "registrations_total",
+                "Registrations accepted (first and re-registrations).",
+                self.registrations,
+            ),
+            (
+                "keep_alives_total",
+                "Registrar keep-alives answered.",
+                self.keep_alives,
+            ),
+            (
+                "new_homes_total",
+                "Takeovers by a new home registrar (H=1 keep-alive).",
+                self.new_homes,
+            ),
+            (
+                "hunt_rounds_failed_total",
+                "Server hunt rounds in which no registrar answered.",
+                self.hunt_rounds_failed,
+            ),
+        ] {
+            m.counter(&format!("rserpool_pe_{name}"), help, v);
+        }
+        m.gauge("rserpool_pe_sessions", "Sessions now.", s.active);
+        for (name, help, v) in [
+            ("sessions_accepted_total", "Sessions accepted.", s.accepted),
+            (
+                "sessions_refused_total",
+                "Sessions refused at the session limit.",
+                s.refused,
+            ),
+            ("cookies_sent_total", "ASAP_COOKIEs sent.", s.cookies_sent),
+            (
+                "cookie_echoes_total",
+                "ASAP_COOKIE_ECHOs handed to the service.",
+                s.cookie_echoes,
+            ),
+            (
+                "cookie_echoes_refused_total",
+                "Cookie echoes the service refused.",
+                s.cookie_echoes_refused,
+            ),
+            (
+                "business_cards_sent_total",
+                "ASAP_BUSINESS_CARDs sent.",
+                s.business_cards_sent,
+            ),
+            (
+                "messages_received_total",
+                "Data messages received.",
+                s.messages_received,
+            ),
+            (
+                "messages_sent_total",
+                "Data messages sent.",
+                s.messages_sent,
+            ),
+            (
+                "bad_input_total",
+                "Sessions aborted for bad control-channel input.",
+                s.bad_input,
+            ),
+            (
+                "service_aborts_total",
+                "Sessions the service aborted.",
+                s.service_aborts,
+            ),
+        ] {
+            m.counter(&format!("rserpool_pe_{name}"), help, v);
+        }
+        m
     }
-}
 
-/// Serves `GET /metrics` and `GET /healthz` with the text `render` gives, until dropped.
-pub(crate) async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut len = 0;
-            let done = tokio::time::timeout(Duration::from_secs(5), async {
-                while len < buf.len() {
-                    match stream.read(&mut buf[len..]).await {
-                        Ok(0) | Err(_) => return false,
-                        Ok(n) => len += n,
-                    }
-                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                        return true;
-                    }
-                }
-                false
-            })
-            .await;
-            if done != Ok(true) {
-                return;
-            }
-            let head = String::from_utf8_lossy(&buf[..len]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = match path {
-                "/metrics" => ("200 OK", render()),
-                "/healthz" => ("200 OK", "ok\n".to_string()),
-                _ => ("404 Not Found", "not found\n".to_string()),
-            };
-            let _ = stream
-                .write_all(
-                    format!(
-                        "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                )
-                .await;
-        });
+    /// The `/status` document: who this PE is, where it is registered, its sessions.
+    fn status(&self, service: &str) -> serde_json::Value {
+        let s = &self.server;
+        serde_json::json!({
+            "component": "pe",
+            "id": self.id.to_string(),
+            "pool": self.pool,
+            "service": service,
+            "registered": self.registered,
+            "home": self.home.filter(|(h, _)| h.0 != 0).map(|(h, _)| h.to_string()),
+            "registered_for_seconds": self.home.filter(|_| self.registered).map(|(_, since)| since.elapsed().as_secs()),
+            "load": self.load,
+            "sessions": s.active,
+            "counters": {
+                "registrations": self.registrations,
+                "keep_alives": self.keep_alives,
+                "new_homes": self.new_homes,
+                "hunt_rounds_failed": self.hunt_rounds_failed,
+                "sessions_accepted": s.accepted,
+                "sessions_refused": s.refused,
+                "cookie_echoes": s.cookie_echoes,
+                "messages_received": s.messages_received,
+                "messages_sent": s.messages_sent,
+                "bad_input": s.bad_input,
+                "service_aborts": s.service_aborts,
+            },
+        })
     }
 }
 
 /// Runs the pool element until SIGINT or SIGTERM.
 pub fn run(args: PeArgs) -> Result<()> {
     let a = args.merged()?;
+    let http_limits = crate::units::http_limits(a.metrics_timeout, a.metrics_max_connections)?;
     let kind = service_kind(a.service.as_deref())?;
     let transport = transport_choice("transport", a.transport.as_deref())?;
     let tls = a.tls.settings()?;
@@ -658,17 +645,29 @@ pub fn run(args: PeArgs) -> Result<()> {
                 )
             })
         });
-        if let Some(m) = a.metrics {
-            let listener = tokio::net::TcpListener::bind(m)
-                .await
-                .with_context(|| format!("metrics: binding {m}"))?;
-            println!("metrics at http://{}/metrics", listener.local_addr()?);
-            let metrics = metrics.clone();
-            tokio::spawn(serve_metrics(
-                listener,
-                Arc::new(move || metrics.lock().map(|m| m.render()).unwrap_or_default()),
-            ));
-        }
+        let _http = match a.metrics {
+            Some(m) => {
+                let listener = rserpool_observe::server::bind(m).await?;
+                println!("metrics at http://{}/metrics", listener.local_addr()?);
+                let (m1, m2) = (metrics.clone(), metrics.clone());
+                let service = kind.name();
+                Some(
+                    rserpool_observe::server::Endpoint::new("pe", move || {
+                        m1.lock()
+                            .map(|m| m.metric_set().render())
+                            .unwrap_or_default()
+                    })
+                    .status(move || {
+                        m2.lock()
+                            .map(|m| m.status(service))
+                            .unwrap_or_default()
+                    })
+                    .limits(http_limits)
+                    .spawn(listener),
+                )
+            }
+            None => None,
+        };
         let card_client = if a.business_card.unwrap_or(false) {
             Some(
                 PoolUserClient::start(

@@ -86,6 +86,18 @@ pub struct PuArgs {
     /// time from a PE's crash to the next reply.
     #[arg(long)]
     pub timestamps: Option<bool>,
+    /// Serve the HTTP endpoint here while the session runs: http://ADDR:PORT/metrics
+    /// (OpenMetrics), /status (JSON), /healthz.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// Time a client of the HTTP endpoint has to send its request and read the answer, e.g.
+    /// "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::duration_arg)]
+    #[serde(default, with = "humantime_serde")]
+    pub metrics_timeout: Option<Duration>,
+    /// HTTP endpoint connections served at once; further ones are closed. [default: 64]
+    #[arg(long, value_name = "N")]
+    pub metrics_max_connections: Option<usize>,
     /// Send Component Status Protocol reports to this monitor while the session runs (UDP;
     /// port 2960 when left out; RSPLIB's `-cspserver`). Alone, reports go every 250 ms.
     #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
@@ -129,6 +141,9 @@ impl PuArgs {
             max_cookie_size,
             quiet,
             timestamps,
+            metrics,
+            metrics_timeout,
+            metrics_max_connections,
             csp_server,
             csp_interval
         );
@@ -296,7 +311,14 @@ pub fn run(args: PuArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let metrics_addr = a.metrics;
+    let http_limits = crate::units::http_limits(a.metrics_timeout, a.metrics_max_connections)?;
     rt.block_on(async move {
+        // Bound first: a bad address is an error before any session is opened.
+        let metrics_listener = match metrics_addr {
+            Some(m) => Some(rserpool_observe::server::bind(m).await?),
+            None => None,
+        };
         let client = PoolUserClient::start(resolver, access)
             .await
             .context("starting the resolver")?;
@@ -308,6 +330,17 @@ pub fn run(args: PuArgs) -> Result<()> {
             session.opened_pe()
         );
         let reporter = csp.map(|c| pool_user_reporter(c, &session, pool.clone(), kind, transport));
+        let _http = match metrics_listener {
+            Some(l) => {
+                eprintln!("metrics at http://{}/metrics", l.local_addr()?);
+                Some(
+                    pool_user_endpoint(&session, pool.clone(), kind)
+                        .limits(http_limits)
+                        .spawn(l),
+                )
+            }
+            None => None,
+        };
         let result = if kind.has_client() {
             run_client(session, kind, &service_config, quiet, timestamps).await
         } else {
@@ -332,6 +365,154 @@ pub fn run(args: PuArgs) -> Result<()> {
 }
 
 /// CSP reports of this pool user: a random ID, the pool, the PE it uses now and since when.
+/// The metrics (`rserpool_pu_…`) of a session snapshot.
+fn pool_user_metrics(
+    s: &SessionSnapshot,
+    pool: &str,
+    service: &str,
+) -> rserpool_observe::MetricSet {
+    let mut m = rserpool_observe::MetricSet::new();
+    let pe = s.current_pe.map(|p| p.to_string()).unwrap_or_default();
+    m.family(
+        "rserpool_pu_info",
+        rserpool_observe::Kind::Gauge,
+        "This pool user: its pool, service and the PE it is bound to now.",
+    )
+    .sample(&[("pool", pool), ("service", service), ("pe", &pe)], 1);
+    m.gauge(
+        "rserpool_pu_session_open",
+        "1 while the session runs (0 once it closed or failed).",
+        u64::from(s.receipt.outcome.is_none()),
+    );
+    let st = &s.stats;
+    for (name, help, v) in [
+        (
+            "selected_total",
+            "Selection receipts: PEs selected.",
+            st.selected,
+        ),
+        (
+            "bound_total",
+            "Binding receipts: associations to a PE that came up.",
+            st.bound,
+        ),
+        (
+            "reached_total",
+            "Reached receipts: bindings on which the PE answered.",
+            st.reached,
+        ),
+        ("failovers_total", "Failovers completed.", st.failovers),
+        (
+            "failovers_with_cookie_total",
+            "Failovers that echoed a cookie.",
+            st.failovers_with_cookie,
+        ),
+        (
+            "connect_failures_total",
+            "Connection attempts to PEs that failed.",
+            st.connect_failures,
+        ),
+        (
+            "unreachable_reported_total",
+            "PEs reported unreachable to the registrar.",
+            st.unreachable_reported,
+        ),
+        ("cookies_total", "Cookies received and kept.", st.cookies),
+        (
+            "cookies_refused_total",
+            "Cookies refused (larger than --max-cookie-size).",
+            st.cookies_refused,
+        ),
+        (
+            "business_cards_total",
+            "Business cards received.",
+            st.business_cards,
+        ),
+        (
+            "messages_sent_total",
+            "Data messages sent.",
+            st.messages_sent,
+        ),
+        (
+            "messages_received_total",
+            "Data messages received.",
+            st.messages_received,
+        ),
+        (
+            "protocol_errors_total",
+            "Control-channel messages that could not be decoded or were not expected.",
+            st.protocol_errors,
+        ),
+    ] {
+        m.counter(&format!("rserpool_pu_{name}"), help, v);
+    }
+    m
+}
+
+/// The `/status` document of a session: the pool, the PE now, the counters and the last
+/// failovers (at most 16: a long-running session's full history stays in its receipt).
+fn pool_user_status(s: &SessionSnapshot, pool: &str, service: &str) -> serde_json::Value {
+    let st = &s.stats;
+    let outcome = match &s.receipt.outcome {
+        Some(rserpool_endpoint::session::Outcome::Closed) => "closed".to_string(),
+        Some(rserpool_endpoint::session::Outcome::Failed { reason }) => format!("failed: {reason}"),
+        None => "open".to_string(),
+    };
+    let failovers: Vec<serde_json::Value> = s
+        .receipt
+        .failovers
+        .iter()
+        .rev()
+        .take(16)
+        .map(|f| {
+            serde_json::json!({
+                "from": f.from.to_string(),
+                "to": f.to.to_string(),
+                "reason": f.reason.to_string(),
+                "with_cookie": f.with_cookie,
+                "attempts": f.attempts,
+                "milliseconds": (f.completed.saturating_sub(f.started)).as_secs_f64() * 1e3,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "component": "pu",
+        "pool": pool,
+        "service": service,
+        "pe": s.current_pe.map(|p| p.to_string()),
+        "session": outcome,
+        "counters": {
+            "selected": st.selected,
+            "bound": st.bound,
+            "reached": st.reached,
+            "failovers": st.failovers,
+            "failovers_with_cookie": st.failovers_with_cookie,
+            "connect_failures": st.connect_failures,
+            "unreachable_reported": st.unreachable_reported,
+            "cookies": st.cookies,
+            "messages_sent": st.messages_sent,
+            "messages_received": st.messages_received,
+            "protocol_errors": st.protocol_errors,
+        },
+        "recent_failovers": failovers,
+    })
+}
+
+/// The pool user's HTTP endpoint, fed by the session's snapshots.
+fn pool_user_endpoint(
+    session: &SessionHandle,
+    pool: PoolHandle,
+    kind: ServiceKind,
+) -> rserpool_observe::server::Endpoint {
+    let (s1, s2) = (session.snapshots(), session.snapshots());
+    let (p1, p2) = (pool.to_string(), pool.to_string());
+    let service = kind.name();
+    rserpool_observe::server::Endpoint::new("pu", move || {
+        pool_user_metrics(&s1.borrow(), &p1, service).render()
+    })
+    .status(move || pool_user_status(&s2.borrow(), &p2, service))
+}
+
 fn pool_user_reporter(
     c: crate::csp::CspConfig,
     session: &SessionHandle,

@@ -144,9 +144,21 @@ pub struct RegistrarArgs {
     /// Enforce the registration life of own PEs. [default: off in rsplib, on in rfc]
     #[arg(long)]
     pub enforce_registration_life: Option<bool>,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    /// Serve the HTTP endpoint here: http://ADDR:PORT/metrics (OpenMetrics), /status (JSON),
+    /// /healthz.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// Most pools (and home registrars) listed in /status; the others are only counted, so
+    /// that the document stays small for a huge handlespace. [default: 256]
+    #[arg(long, value_name = "N")]
+    pub status_max_pools: Option<usize>,
+    /// Time a client of the HTTP endpoint has to send its request and read the answer, e.g.
+    /// "5s". [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub metrics_timeout: Option<DurationValue>,
+    /// HTTP endpoint connections served at once; further ones are closed. [default: 64]
+    #[arg(long, value_name = "N")]
+    pub metrics_max_connections: Option<usize>,
     /// Send Component Status Protocol reports to this monitor (UDP; port 2960 when left out;
     /// rspregistrar's `-cspserver`). Alone, reports go every 250 ms.
     #[arg(long, value_name = "ADDR[:PORT]", env = "CSP_SERVER")]
@@ -296,6 +308,9 @@ impl RegistrarArgs {
             max_held_answers,
             enforce_registration_life,
             metrics,
+            status_max_pools,
+            metrics_timeout,
+            metrics_max_connections,
             csp_server,
             csp_interval,
             seed,
@@ -519,6 +534,13 @@ impl RegistrarArgs {
             config.announce_ttl = ttl;
         }
         config.metrics_listen = a.metrics;
+        if let Some(n) = a.status_max_pools {
+            config.status_max_pools = n;
+        }
+        config.http_limits = crate::units::http_limits(
+            a.metrics_timeout.map(|d| d.duration),
+            a.metrics_max_connections,
+        )?;
         if let Some(n) = a.max_held_answers {
             if n == 0 {
                 bail!("max-held-answers: must be at least 1");
@@ -703,9 +725,7 @@ async fn try_bind(config: &DriverConfig) -> Result<()> {
         .with_context(|| format!("ASAP on {:?}", config.asap_listen))?;
     drop(endpoint);
     if let Some(m) = config.metrics_listen {
-        tokio::net::TcpListener::bind(m)
-            .await
-            .with_context(|| format!("metrics {m}"))?;
+        rserpool_observe::server::bind(m).await?;
     }
     Ok(())
 }

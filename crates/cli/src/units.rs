@@ -52,6 +52,28 @@ impl DurationValue {
 /// A duration longer than zero for the option `name`, from a flag or a key: units or bare
 /// milliseconds (as rspregistrar's options take them). The one parser of every command; its
 /// errors name the option.
+/// The HTTP endpoint's limits from `--metrics-timeout` and `--metrics-max-connections` (the
+/// same two settings for every daemon; defaults of [`rserpool_observe::server::Limits`]).
+pub fn http_limits(
+    timeout: Option<Duration>,
+    max_connections: Option<usize>,
+) -> anyhow::Result<rserpool_observe::server::Limits> {
+    let mut l = rserpool_observe::server::Limits::default();
+    if let Some(t) = timeout {
+        if t.is_zero() {
+            anyhow::bail!("metrics-timeout: must be longer than 0s");
+        }
+        l.request_timeout = t;
+    }
+    if let Some(n) = max_connections {
+        if n == 0 {
+            anyhow::bail!("metrics-max-connections: must be at least 1");
+        }
+        l.max_connections = n;
+    }
+    Ok(l)
+}
+
 pub fn positive_duration(name: &str, text: &str) -> anyhow::Result<Duration> {
     let d = text
         .parse::<DurationValue>()

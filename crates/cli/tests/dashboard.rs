@@ -1,7 +1,7 @@
 //! The Grafana dashboard of docs/grafana/rserpool.json asks only for what the daemons serve: every
-//! metric its queries name is in the `/metrics` of a running registrar (with ENRP), pool element
-//! and gateway (the NAT data plane's from its renderer, as NAT mode needs root), and every label
-//! a query groups by is a label of that metric. The receipts stand side by side in one panel.
+//! metric its queries name is in the `/metrics` of a running registrar (with ENRP), pool element,
+//! pool user and gateway (the NAT data plane's from its renderer, as NAT mode needs root), and
+//! every label a query groups by is a label of that metric. The receipts stand side by side in one panel.
 
 mod common;
 
@@ -77,6 +77,25 @@ fn every_query_of_the_dashboard_names_served_metrics_and_labels() {
     let pe_metrics = word_after(&pe.wait_for("metrics at http://"), "metrics at http://")
         .trim_end_matches("/metrics")
         .to_string();
+    let pu = Proc::start(
+        &[
+            "pu",
+            "--registrar",
+            &registrar.asap.to_string(),
+            "--transport",
+            "tcp",
+            "--service",
+            "pingpong",
+            "--quiet",
+            "true",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    let pu_metrics = word_after(&pu.wait_for("metrics at http://"), "metrics at http://")
+        .trim_end_matches("/metrics")
+        .to_string();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("lsnat.toml");
     std::fs::write(
@@ -96,6 +115,7 @@ fn every_query_of_the_dashboard_names_served_metrics_and_labels() {
     rserpool_lsnat::nat::Stats::default().render_prometheus(&mut nat);
     let mut served = families(&metrics(&registrar));
     served.extend(families(&get(&pe_metrics)));
+    served.extend(families(&get(&pu_metrics)));
     served.extend(families(&get(&gateway_metrics)));
     served.extend(families(&nat));
     assert!(
@@ -103,6 +123,10 @@ fn every_query_of_the_dashboard_names_served_metrics_and_labels() {
         "{served:?}"
     );
     assert!(served.contains_key("rserpool_pe_sessions"), "{served:?}");
+    assert!(
+        served.contains_key("rserpool_pu_reached_total"),
+        "{served:?}"
+    );
     assert!(
         served.contains_key("rserpool_lsnat_member_selected_total"),
         "{served:?}"

@@ -125,6 +125,8 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Address of the HTTP status and metrics endpoint.
     pub status: Option<SocketAddr>,
+    /// Limits of that endpoint (`[limits] metrics-timeout`, `metrics-max-connections`).
+    pub http_limits: rserpool_observe::server::Limits,
     /// Data plane.
     pub runtime: RuntimeConfig,
     /// Members from an RSerPool pool instead of the static list.
@@ -318,6 +320,8 @@ struct RawLimits {
     recent_outcomes: Option<i64>,
     receipt_candidates: Option<i64>,
     status_bindings: Option<i64>,
+    metrics_timeout: Option<toml::Value>,
+    metrics_max_connections: Option<i64>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -1068,6 +1072,25 @@ impl Config {
                 1_000_000,
             )?,
         };
+        let dh = rserpool_observe::server::Limits::default();
+        let http_limits = rserpool_observe::server::Limits {
+            request_timeout: c.duration(
+                "limits.metrics_timeout",
+                &l.metrics_timeout,
+                dh.request_timeout,
+            )?,
+            max_connections: c.int(
+                "limits.metrics_max_connections",
+                l.metrics_max_connections,
+                dh.max_connections,
+                1,
+                100_000,
+            )?,
+            ..dh
+        };
+        if http_limits.request_timeout.is_zero() {
+            return Err(c.err("limits.metrics-timeout", "must be longer than 0s"));
+        }
 
         // Persistence.
         let p = &raw.persistence;
@@ -1213,6 +1236,7 @@ impl Config {
             probe,
             connect_timeout,
             status,
+            http_limits,
             runtime,
             rserpool,
             warnings,

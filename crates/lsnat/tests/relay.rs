@@ -673,6 +673,12 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
     }
     let status = get(http, "/status").await;
     assert!(status.starts_with("HTTP/1.1 200"));
+    assert!(
+        status
+            .to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{status}"
+    );
     let body = status.split("\r\n\r\n").nth(1).unwrap();
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(v["active_sessions"], 1);
@@ -689,7 +695,11 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
         "{health}"
     );
     let metrics = get(http, "/metrics").await;
-    assert!(metrics.contains("text/plain; version=0.0.4"));
+    assert!(
+        metrics.contains("application/openmetrics-text; version=1.0.0"),
+        "{metrics}"
+    );
+    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
     for family in [
         "rserpool_lsnat_member_selected_total",
         "rserpool_lsnat_member_bound_total",
@@ -697,7 +707,13 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
         "rserpool_lsnat_outcomes_total",
         "rserpool_lsnat_refused_total",
     ] {
-        assert!(metrics.contains(&format!("# TYPE {family}")), "{family}");
+        // OpenMetrics names a counter's family without `_total`; its samples carry it.
+        let base = family.trim_end_matches("_total");
+        assert!(
+            metrics.contains(&format!("# TYPE {base} counter\n")),
+            "{family}"
+        );
+        assert!(metrics.contains(&format!("\n{family}{{")), "{family}");
     }
     assert!(get(http, "/nope").await.starts_with("HTTP/1.1 404"));
     gw.shutdown().await;

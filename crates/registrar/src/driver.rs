@@ -39,8 +39,13 @@ pub struct DriverConfig {
     /// TTL of announces: 1 keeps them on the local link (RSPLIB uses 30; set it where
     /// registrars and PEs are routers apart).
     pub announce_ttl: u32,
-    /// Prometheus metrics at `http://ADDR/metrics`.
+    /// The HTTP endpoint (`/metrics`, `/status`, `/healthz`) at `http://ADDR/`.
     pub metrics_listen: Option<SocketAddr>,
+    /// Most pools (and home registrars) listed in `/status`; the rest are counted
+    /// (`pools_omitted`), so that the document stays small for a huge handlespace.
+    pub status_max_pools: usize,
+    /// Limits of the HTTP endpoint (request timeout and size, connections at once).
+    pub http_limits: rserpool_observe::server::Limits,
     /// Transport settings beyond the above (limits, SCTP timers, TCP keep-alives).
     pub endpoint: EndpointConfig,
     /// Most answers held for one association while the transport has no room for them; past
@@ -63,6 +68,8 @@ impl DriverConfig {
             announce_interface: None,
             announce_ttl: 1,
             metrics_listen: None,
+            status_max_pools: 256,
+            http_limits: rserpool_observe::server::Limits::default(),
             endpoint: EndpointConfig::new(TransportChoice::Auto),
             max_held_answers: 1024,
             enrp: None,
@@ -238,24 +245,30 @@ pub async fn run(
     }
 
     let shared_metrics = Arc::new(Mutex::new(Metrics::default()));
+    // `/status` and `/healthz` ask the event loop; a few requests may wait, more are refused.
+    let (status_tx, mut status_rx) = tokio::sync::mpsc::channel::<crate::http::StatusRequest>(8);
+    let mut _http = None;
     let metrics_addr = match config.metrics_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| DriverError::Bind {
-                    what: "metrics listener",
+                    what: "metrics (the HTTP endpoint)",
                     addr,
                     source,
                 })?;
             let bound = listener.local_addr().ok();
-            tokio::spawn(crate::http::serve(
-                listener,
-                shared_metrics.clone(),
-                handle.clone(),
-            ));
+            _http = Some(
+                crate::http::endpoint(shared_metrics.clone(), handle.clone(), status_tx)
+                    .limits(config.http_limits)
+                    .spawn(listener),
+            );
             bound
         }
-        None => None,
+        None => {
+            drop(status_tx);
+            None
+        }
     };
 
     let epoch = Instant::now();
@@ -346,6 +359,17 @@ pub async fn run(
                     e.core.after_asap(&mut core);
                     e.core.handle_timeout(t, &mut core);
                 }
+            }
+            Some(reply) = status_rx.recv() => {
+                let enrp_metrics = enrp.as_mut().map(|e| e.core.metrics(&core).clone());
+                let metrics = shared_metrics.lock().map(|m| m.clone()).unwrap_or_default();
+                let _ = reply.send(crate::http::status_document(
+                    &core,
+                    &metrics,
+                    enrp_metrics.as_ref(),
+                    epoch.elapsed(),
+                    config.status_max_pools,
+                ));
             }
             Some(input) = next_enrp(&mut enrp) => {
                 if let Some(e) = enrp.as_mut() {

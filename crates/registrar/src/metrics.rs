@@ -4,7 +4,7 @@
 //! that selected PEs says nothing about whether a PU reached them.
 
 use crate::access::AccessRefusal;
-use std::fmt::Write;
+use rserpool_observe::{Kind, MetricSet};
 
 /// Why a PE left the handlespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -253,18 +253,22 @@ impl Metrics {
         self.rate_limited[what as usize]
     }
 
-    /// The metrics in the Prometheus text exposition format.
+    /// The metrics in the OpenMetrics text format, as `prometheus-client` encodes them.
     pub fn render_prometheus(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP rserpool_registrar_info The registrar's identifier.\n# TYPE rserpool_registrar_info gauge\nrserpool_registrar_info{{id=\"{}\"}} 1",
-            self.registrar_id
-        );
+        self.metric_set().render()
+    }
+
+    /// The metrics as of now, for the HTTP endpoint (`rserpool_registrar_…`).
+    pub fn metric_set(&self) -> MetricSet {
+        let mut m = MetricSet::new();
+        m.family(
+            "rserpool_registrar_info",
+            Kind::Gauge,
+            "The registrar's identifier.",
+        )
+        .sample(&[("id", &self.registrar_id.to_string())], 1);
         let mut counter = |name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP rserpool_registrar_{name} {help}");
-            let _ = writeln!(out, "# TYPE rserpool_registrar_{name} counter");
-            let _ = writeln!(out, "rserpool_registrar_{name} {value}");
+            m.counter(&format!("rserpool_registrar_{name}"), help, value);
         };
         counter(
             "registrations_total",
@@ -377,29 +381,21 @@ impl Metrics {
             "TLS handshakes that did not finish within the handshake timeout.",
             self.tls_handshake_timeouts,
         );
-        let _ = writeln!(
-            out,
-            "# HELP rserpool_registrar_access_refused_total Requests refused by the TLS identity rules, by reason."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE rserpool_registrar_access_refused_total counter"
+        let mut f = m.family(
+            "rserpool_registrar_access_refused_total",
+            Kind::Counter,
+            "Requests refused by the TLS identity rules, by reason.",
         );
         for refusal in AccessRefusal::ALL {
-            let _ = writeln!(
-                out,
-                "rserpool_registrar_access_refused_total{{reason=\"{}\"}} {}",
-                refusal.label(),
-                self.access_refused_by(refusal)
+            f.sample(
+                &[("reason", refusal.label())],
+                self.access_refused_by(refusal),
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP rserpool_registrar_registration_rejects_total Registrations refused, by error cause."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE rserpool_registrar_registration_rejects_total counter"
+        let mut f = m.family(
+            "rserpool_registrar_registration_rejects_total",
+            Kind::Counter,
+            "Registrations refused, by error cause.",
         );
         for (code, n) in self.registration_rejects.iter().enumerate() {
             let label = if code == 11 {
@@ -407,29 +403,21 @@ impl Metrics {
             } else {
                 format!("0x{code:x}")
             };
-            let _ = writeln!(
-                out,
-                "rserpool_registrar_registration_rejects_total{{cause=\"{label}\"}} {n}"
-            );
+            f.sample(&[("cause", &label)], *n);
         }
-        let _ = writeln!(
-            out,
-            "# HELP rserpool_registrar_removals_total PEs removed, by cause."
+        let mut f = m.family(
+            "rserpool_registrar_removals_total",
+            Kind::Counter,
+            "PEs removed, by cause.",
         );
-        let _ = writeln!(out, "# TYPE rserpool_registrar_removals_total counter");
         for cause in RemovalCause::ALL {
-            let _ = writeln!(
-                out,
-                "rserpool_registrar_removals_total{{cause=\"{}\"}} {}",
-                cause.label(),
-                self.removals_by(cause)
-            );
+            f.sample(&[("cause", cause.label())], self.removals_by(cause));
         }
-        let _ = writeln!(
-            out,
-            "# HELP rserpool_registrar_rate_limited_total Requests refused by a per-client rate limit."
+        let mut f = m.family(
+            "rserpool_registrar_rate_limited_total",
+            Kind::Counter,
+            "Requests refused by a per-client rate limit.",
         );
-        let _ = writeln!(out, "# TYPE rserpool_registrar_rate_limited_total counter");
         for (what, label) in [
             (RateLimited::HandleResolution, "handle_resolution"),
             (RateLimited::EndpointUnreachable, "endpoint_unreachable"),
@@ -439,27 +427,15 @@ impl Metrics {
                 "handle_resolution_per_address",
             ),
         ] {
-            let _ = writeln!(
-                out,
-                "rserpool_registrar_rate_limited_total{{request=\"{label}\"}} {}",
-                self.rate_limited_by(what)
-            );
+            f.sample(&[("request", label)], self.rate_limited_by(what));
         }
-        let _ = writeln!(
-            out,
-            "# HELP rserpool_registrar_security_refusals_total Requests and associations refused to protect PEs or the registrar, by reason."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE rserpool_registrar_security_refusals_total counter"
+        let mut f = m.family(
+            "rserpool_registrar_security_refusals_total",
+            Kind::Counter,
+            "Requests and associations refused to protect PEs or the registrar, by reason.",
         );
         for why in SecurityRefusal::ALL {
-            let _ = writeln!(
-                out,
-                "rserpool_registrar_security_refusals_total{{reason=\"{}\"}} {}",
-                why.label(),
-                self.refusals_by(why)
-            );
+            f.sample(&[("reason", why.label())], self.refusals_by(why));
         }
         for (name, help, value) in [
             ("pools", "Pools in the handlespace.", self.pools),
@@ -475,13 +451,11 @@ impl Metrics {
                 self.held_answers,
             ),
         ] {
-            let _ = writeln!(out, "# HELP rserpool_registrar_{name} {help}");
-            let _ = writeln!(out, "# TYPE rserpool_registrar_{name} gauge");
-            let _ = writeln!(out, "rserpool_registrar_{name} {value}");
+            m.gauge(&format!("rserpool_registrar_{name}"), help, value);
         }
         if let Some(enrp) = &self.enrp {
-            enrp.render_prometheus(&mut out);
+            enrp.encode(&mut m);
         }
-        out
+        m
     }
 }

@@ -395,6 +395,80 @@ async fn metrics_endpoint_serves_prometheus_text() {
     assert!(text.contains("rserpool_registrar_removals_total{cause=\"keep_alive_timeout\"} 0"));
 }
 
+/// One GET over a fresh connection: the head (lower case) and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_string(&mut text))
+        .await
+        .expect("an answer within 30 s")
+        .unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.to_ascii_lowercase(), body.to_string())
+}
+
+#[tokio::test]
+async fn http_endpoint_serves_status_healthz_and_404() {
+    let (r, _stop) = start_registrar(|c| c.status_max_pools = 2).await;
+    let c = Client::connect(r.asap_addrs[0]).await;
+    for (i, pool) in ["A", "B", "C"].iter().enumerate() {
+        c.send(&registration(pool, pe(10 + i as u32))).await;
+    }
+    c.send(&registration("A", pe(20))).await;
+    let metrics = r.metrics.clone();
+    wait_for("registrations", Duration::from_secs(30), || {
+        metrics.lock().unwrap().registrations == 4
+    })
+    .await;
+    let addr = r.metrics_addr.unwrap();
+
+    let (head, body) = http_get(addr, "/metrics").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    // Every sample line is `name{labels} value` with a rserpool_registrar_ name.
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let (name, value) = line.rsplit_once(' ').expect(line);
+        assert!(name.starts_with("rserpool_registrar_"), "{line}");
+        assert!(value.parse::<i64>().is_ok(), "{line}");
+    }
+
+    let (head, body) = http_get(addr, "/status").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(doc["component"], "registrar");
+    assert_eq!(doc["registrar_id"], "$00000abc");
+    assert_eq!(doc["pool_count"], 3);
+    assert_eq!(doc["pool_element_count"], 4);
+    // At most status_max_pools pools listed, the rest counted.
+    let pools = doc["pools"].as_array().unwrap();
+    assert_eq!(pools.len(), 2, "{doc}");
+    assert_eq!(doc["pools_omitted"], 1);
+    let a = pools
+        .iter()
+        .find(|p| p["handle"] == "A")
+        .expect("pool A listed");
+    assert_eq!(a["pool_elements"], 2);
+    assert!(a["checksum"].as_str().unwrap().starts_with("0x"));
+    assert_eq!(doc["counters"]["registrations"], 4);
+    assert_eq!(doc["homes"][0]["home"], "$00000abc");
+    assert_eq!(doc["homes"][0]["pool_elements"], 4);
+
+    let (head, body) = http_get(addr, "/healthz").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(body, "ok\n");
+
+    let (head, _) = http_get(addr, "/nothing").await;
+    assert!(head.starts_with("http/1.1 404"), "{head}");
+}
+
 #[tokio::test]
 async fn endpoint_drivers_register_resolve_and_report() {
     let (r, _stop) =

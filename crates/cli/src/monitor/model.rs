@@ -127,6 +127,8 @@ pub(crate) enum SourceKind {
     PoolElement,
     /// `rserpool lsnat`.
     Gateway,
+    /// `rserpool pu` with `--metrics`.
+    PoolUser,
     /// Something else serving Prometheus text.
     Other,
 }
@@ -160,6 +162,19 @@ impl Source {
 
     /// What it serves.
     pub fn kind(&self) -> SourceKind {
+        // Every daemon's /status names it; older ones are told apart by their metric names.
+        match self
+            .status
+            .as_ref()
+            .and_then(|d| d.get("component"))
+            .and_then(|c| c.as_str())
+        {
+            Some("registrar") => return SourceKind::Registrar,
+            Some("pe") => return SourceKind::PoolElement,
+            Some("lsnat") => return SourceKind::Gateway,
+            Some("pu") => return SourceKind::PoolUser,
+            _ => {}
+        }
         let has = |prefix: &str| {
             self.metrics
                 .as_ref()
@@ -169,6 +184,8 @@ impl Source {
             SourceKind::Registrar
         } else if has("rserpool_pe_") {
             SourceKind::PoolElement
+        } else if has("rserpool_pu_") {
+            SourceKind::PoolUser
         } else if has("rserpool_lsnat_") || self.status.is_some() {
             SourceKind::Gateway
         } else {
@@ -351,6 +368,8 @@ pub(crate) fn panes(state: &State, now: Instant) -> Vec<Pane> {
     let mut sessions: Vec<Vec<String>> = Vec::new();
     let mut counters: Vec<Vec<String>> = Vec::new();
     let mut pools: BTreeMap<String, PoolRow> = BTreeMap::new();
+    // What registrars' /status say of their pools: (pool, source) → PEs.
+    let mut registrar_pools: Vec<(String, String, u64)> = Vec::new();
 
     for s in &state.sources {
         let src = http(&s.target);
@@ -375,6 +394,21 @@ pub(crate) fn panes(state: &State, now: Instant) -> Vec<Pane> {
                 let has_enrp = s.value("rserpool_registrar_enrp_peers").is_some();
                 let total = s.value("rserpool_registrar_pool_elements");
                 let owned = owned.or(if has_enrp { Some(0.0) } else { total });
+                for p in s
+                    .status
+                    .as_ref()
+                    .and_then(|d| d.get("pools"))
+                    .and_then(|p| p.as_array())
+                    .map(|v| v.as_slice())
+                    .unwrap_or(&[])
+                {
+                    if let (Some(h), Some(n)) = (
+                        p.get("handle").and_then(|h| h.as_str()),
+                        p.get("pool_elements").and_then(|n| n.as_u64()),
+                    ) {
+                        registrar_pools.push((h.to_string(), src.clone(), n));
+                    }
+                }
                 registrars.insert(
                     format!("{id} {src}"),
                     vec![
@@ -492,6 +526,38 @@ pub(crate) fn panes(state: &State, now: Instant) -> Vec<Pane> {
                     ]);
                 }
             }
+            SourceKind::PoolUser => {
+                let doc = s.status.as_ref();
+                let text = |k: &str| {
+                    doc.and_then(|d| d.get(k))
+                        .and_then(|v| v.as_str())
+                        .map(str::to_string)
+                };
+                let pool = text("pool")
+                    .or_else(|| s.info("rserpool_pu_info", "pool"))
+                    .unwrap_or_else(|| "?".into());
+                let pe = text("pe")
+                    .or_else(|| s.info("rserpool_pu_info", "pe").filter(|p| !p.is_empty()))
+                    .unwrap_or_else(|| "-".into());
+                let e = pools.entry(pool.clone()).or_default();
+                e.pool_users += 1;
+                e.seen_by.insert(src.clone());
+                sessions.push(vec![
+                    "PU".into(),
+                    pool,
+                    pe,
+                    format!(
+                        "{} failover(s)",
+                        num(s.value("rserpool_pu_failovers_total").or(Some(0.0)))
+                    ),
+                    src.clone(),
+                    if s.error.is_some() {
+                        status
+                    } else {
+                        text("session").unwrap_or_else(|| "open".into())
+                    },
+                ]);
+            }
             SourceKind::Other => {}
         }
         if let Some(e) = &s.error {
@@ -525,6 +591,13 @@ pub(crate) fn panes(state: &State, now: Instant) -> Vec<Pane> {
                 ]);
             }
         }
+    }
+
+    // A registrar knows every PE of its pools, those without an endpoint of their own too.
+    for (pool, src, n) in registrar_pools {
+        let e = pools.entry(pool).or_default();
+        e.pool_elements = e.pool_elements.max(n);
+        e.seen_by.insert(src);
     }
 
     for (id, e) in &state.csp {
@@ -856,6 +929,57 @@ mod tests {
         fin.flags = FLAG_FINAL;
         st.csp_datagram(&fin.encode().unwrap(), from, t0);
         assert!(st.csp.is_empty(), "FINAL forgets at once");
+    }
+
+    #[test]
+    fn registrar_pools_and_pool_users_from_status() {
+        let mut st = State::new(
+            &[
+                "127.0.0.1:1".into(),
+                "127.0.0.1:2".into(),
+                "127.0.0.1:3".into(),
+            ],
+            10,
+            Duration::from_secs(30),
+        );
+        let now = Instant::now();
+        // A registrar whose /status lists two pools; one PE of EchoPool has its own endpoint.
+        st.sources[0].metrics =
+            Some(parse_prometheus("rserpool_registrar_info{id=\"$0000abcd\"} 1\n").0);
+        st.sources[0].status = Some(serde_json::json!({
+            "component": "registrar",
+            "pools": [
+                {"handle": "EchoPool", "pool_elements": 3},
+                {"handle": "PingPongPool", "pool_elements": 1},
+            ],
+        }));
+        st.sources[1].metrics = Some(
+            parse_prometheus(
+                "rserpool_pe_info{id=\"$00000001\",pool=\"EchoPool\",home=\"\",load=\"-\"} 1\n",
+            )
+            .0,
+        );
+        // A PU, told apart by its /status although its metrics say nothing yet.
+        st.sources[2].status = Some(serde_json::json!({
+            "component": "pu", "pool": "PingPongPool", "pe": "$00000002", "session": "open",
+        }));
+        assert_eq!(st.sources[2].kind(), SourceKind::PoolUser);
+        for s in &mut st.sources {
+            s.updated = Some(now);
+        }
+        let p = panes(&st, now);
+        let pools = &p[1].rows;
+        assert_eq!(
+            pools[0][..2],
+            ["EchoPool", "3"],
+            "the registrar knows 3 PEs"
+        );
+        assert!(pools[0][4].contains("http://127.0.0.1:1"), "{pools:?}");
+        assert_eq!(pools[1][..4], ["PingPongPool", "1", "0", "1"], "{pools:?}");
+        assert!(p[3].rows.iter().any(|r| r[0] == "PU"
+            && r[1] == "PingPongPool"
+            && r[2] == "$00000002"
+            && r[5] == "open"));
     }
 
     #[test]

@@ -31,13 +31,13 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// The gateway's metrics, and the NAT data plane's in NAT mode, in Prometheus text format.
-    pub(crate) fn render_metrics(&self) -> String {
-        let mut out = self.core.render_metrics();
+    /// The gateway's metrics, and the NAT data plane's in NAT mode.
+    pub(crate) fn metric_set(&self) -> rserpool_observe::MetricSet {
+        let mut m = self.core.metric_set();
         if let Some(nat) = &self.nat {
-            nat.render_prometheus(&mut out);
+            nat.encode(&mut m);
         }
-        out
+        m
     }
 }
 
@@ -124,7 +124,7 @@ impl Running {
 
     /// The metrics now, in Prometheus text format.
     pub fn metrics(&self) -> String {
-        self.shared.lock().render_metrics()
+        self.shared.lock().metric_set().render()
     }
 
     /// Runs `f` on the core (read or adjust it from outside, e.g. in tests).

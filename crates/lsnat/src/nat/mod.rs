@@ -168,9 +168,15 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Appends the counters in the Prometheus text format (`rserpool_lsnat_nat_*`).
+    /// Appends the counters, rendered alone, in the OpenMetrics text format.
     pub fn render_prometheus(&self, out: &mut String) {
-        use std::fmt::Write;
+        let mut m = rserpool_observe::MetricSet::new();
+        self.encode(&mut m);
+        out.push_str(&m.render());
+    }
+
+    /// Adds the counters (`rserpool_lsnat_nat_*`) to a scrape.
+    pub fn encode(&self, m: &mut rserpool_observe::MetricSet) {
         for (name, help, value) in [
             ("events_total", "Conntrack events read.", self.events),
             ("sessions_adopted_total", "Sessions learned from a conntrack dump (bound before a restart or while events were lost).", self.adopted),
@@ -183,9 +189,7 @@ impl Stats {
             ("resyncs_total", "Conntrack table dumps read (at start and after lost events).", self.resyncs),
             ("sessions_ended_unobserved_total", "Sessions conntrack forgot while events were lost (outcome unknown).", self.ended_unobserved),
         ] {
-            let _ = writeln!(out, "# HELP rserpool_lsnat_nat_{name} {help}");
-            let _ = writeln!(out, "# TYPE rserpool_lsnat_nat_{name} counter");
-            let _ = writeln!(out, "rserpool_lsnat_nat_{name} {value}");
+            m.counter(&format!("rserpool_lsnat_nat_{name}"), help, value);
         }
     }
 }
@@ -958,7 +962,7 @@ mod stats_tests {
         };
         let mut out = String::new();
         s.render_prometheus(&mut out);
-        assert!(out.contains("# TYPE rserpool_lsnat_nat_events_total counter\n"));
+        assert!(out.contains("# TYPE rserpool_lsnat_nat_events counter\n"));
         assert!(out.contains("\nrserpool_lsnat_nat_events_total 6\n"));
         assert!(out.contains("\nrserpool_lsnat_nat_events_lost_total 1\n"));
         assert!(out.contains("\nrserpool_lsnat_nat_resyncs_total 0\n"));

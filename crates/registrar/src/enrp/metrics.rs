@@ -1,8 +1,8 @@
 //! ENRP counters and the registrar's peer status, rendered with the registrar's metrics.
 
+use rserpool_observe::{Kind, MetricSet};
 use rserpool_wire::enrp::EnrpMessageType;
 use rserpool_wire::{PeChecksum, RegistrarId};
-use std::fmt::Write;
 
 /// Takeover outcomes, in the order [`EnrpMetrics::takeovers`] counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,13 +130,15 @@ impl EnrpMetrics {
         self.takeovers[o as usize]
     }
 
-    /// Appends the metrics in the Prometheus text format.
-    pub fn render_prometheus(&self, out: &mut String) {
+    /// Adds the metrics (`rserpool_registrar_enrp_…`) to a scrape.
+    pub fn encode(&self, m: &mut MetricSet) {
         let p = "rserpool_registrar_enrp";
         let mut simple = |name: &str, kind: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {p}_{name} {help}");
-            let _ = writeln!(out, "# TYPE {p}_{name} {kind}");
-            let _ = writeln!(out, "{p}_{name} {value}");
+            let name = format!("{p}_{name}");
+            match kind {
+                "counter" => m.counter(&name, help, value),
+                _ => m.gauge(&name, help, value),
+            };
         };
         simple("peers", "gauge", "ENRP peers known.", self.peers);
         simple(
@@ -212,52 +214,54 @@ impl EnrpMetrics {
             self.limits_hit,
         );
         for (dir, counts) in [("sent", &self.sent), ("received", &self.received)] {
-            let _ = writeln!(
-                out,
-                "# HELP {p}_messages_{dir}_total ENRP messages {dir}, by type."
+            let mut f = m.family(
+                &format!("{p}_messages_{dir}_total"),
+                Kind::Counter,
+                &format!("ENRP messages {dir}, by type."),
             );
-            let _ = writeln!(out, "# TYPE {p}_messages_{dir}_total counter");
             for t in EnrpMessageType::ALL {
-                let _ = writeln!(
-                    out,
-                    "{p}_messages_{dir}_total{{type=\"{}\"}} {}",
-                    t.name(),
-                    counts[t as usize - 1]
-                );
+                f.sample(&[("type", t.name())], counts[t as usize - 1]);
             }
         }
-        let _ = writeln!(out, "# HELP {p}_takeovers_total Takeovers, by outcome.");
-        let _ = writeln!(out, "# TYPE {p}_takeovers_total counter");
+        let mut f = m.family(
+            &format!("{p}_takeovers_total"),
+            Kind::Counter,
+            "Takeovers, by outcome.",
+        );
         for o in TakeoverOutcome::ALL {
-            let _ = writeln!(
-                out,
-                "{p}_takeovers_total{{outcome=\"{}\"}} {}",
-                o.label(),
-                self.takeovers_of(o)
-            );
+            f.sample(&[("outcome", o.label())], self.takeovers_of(o));
         }
-        let _ = writeln!(
-            out,
-            "# HELP {p}_pool_elements_by_home PEs in the handlespace by home registrar."
+        let mut f = m.family(
+            &format!("{p}_pool_elements_by_home"),
+            Kind::Gauge,
+            "PEs in the handlespace by home registrar.",
         );
-        let _ = writeln!(out, "# TYPE {p}_pool_elements_by_home gauge");
         for (home, n, checksum) in &self.pool_elements_by_home {
-            let _ = writeln!(
-                out,
-                "{p}_pool_elements_by_home{{home=\"{home}\",checksum=\"0x{:04x}\"}} {n}",
-                checksum.0
+            f.sample(
+                &[
+                    ("home", &home.to_string()),
+                    ("checksum", &format!("0x{:04x}", checksum.0)),
+                ],
+                *n,
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP {p}_peer PEs held per peer, with its announced and held checksums and sync state."
+        let mut f = m.family(
+            &format!("{p}_peer"),
+            Kind::Gauge,
+            "PEs held per peer, with its announced and held checksums and sync state.",
         );
-        let _ = writeln!(out, "# TYPE {p}_peer gauge");
         for s in &self.peer_status {
-            let _ = writeln!(
-                out,
-                "{p}_peer{{id=\"{}\",announced_checksum=\"0x{:04x}\",held_checksum=\"0x{:04x}\",sync=\"{}\"}} {}",
-                s.id, s.announced_checksum.0, s.held_checksum.0, s.sync, s.pool_elements
+            f.sample(
+                &[
+                    ("id", &s.id.to_string()),
+                    (
+                        "announced_checksum",
+                        &format!("0x{:04x}", s.announced_checksum.0),
+                    ),
+                    ("held_checksum", &format!("0x{:04x}", s.held_checksum.0)),
+                    ("sync", s.sync),
+                ],
+                s.pool_elements,
             );
         }
     }
