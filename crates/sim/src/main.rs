@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition,pause|all|none]
-//!              [--registrars N] [--pes N] [--pus N] [--seed S] [--trace]
+//!              [--registrars N] [--pes N] [--pus N] [--sessions N] [--failure-after N]
+//!              [--seed S] [--trace]
 //! ```
 
 use rserpool_sim::{run, Faults, Mutation, SimConfig, Stats};
@@ -18,6 +19,8 @@ struct Args {
     registrars: Option<usize>,
     pes: Option<usize>,
     pus: Option<usize>,
+    sessions: Option<usize>,
+    failure_after: Option<u64>,
     chaos: Option<u64>,
     mutation: Option<Mutation>,
     check_every: Option<u64>,
@@ -33,6 +36,8 @@ fn parse() -> Result<Args, String> {
         registrars: None,
         pes: None,
         pus: None,
+        sessions: None,
+        failure_after: None,
         chaos: None,
         mutation: None,
         check_every: None,
@@ -55,6 +60,10 @@ fn parse() -> Result<Args, String> {
             }
             "--pes" => a.pes = Some(num("--pes", value("--pes")?)? as usize),
             "--pus" => a.pus = Some(num("--pus", value("--pus")?)? as usize),
+            "--sessions" => a.sessions = Some(num("--sessions", value("--sessions")?)? as usize),
+            "--failure-after" => {
+                a.failure_after = Some(num("--failure-after", value("--failure-after")?)?)
+            }
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
             "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
             "--mutation" => {
@@ -77,6 +86,9 @@ fn parse() -> Result<Args, String> {
                      --trace          print the readable trace of each run\n\
                      --faults LIST    registrar,pe,partition,pause | all | none (default: from the seed)\n\
                      --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
+                     --sessions N     PingPong sessions per PU (default: from the seed; 0 runs a\n\
+                                      seed as it ran before sessions were simulated)\n\
+                     --failure-after N  PingPong PEs abort a session after N replies (0 never)\n\
                      --chaos SECS     length of the chaos phase (default: from the seed)\n\
                      --check-every N  scan every handlespace only every N steps (default 1)\n\
                      --mutation M     a deliberate defect the checker must catch:\n\
@@ -123,6 +135,12 @@ fn main() -> ExitCode {
         }
         if let Some(n) = args.pus {
             cfg.pool_users = n;
+        }
+        if let Some(n) = args.sessions {
+            cfg.sessions_per_pu = n;
+        }
+        if let Some(n) = args.failure_after {
+            cfg.pingpong_failure_after = n;
         }
         cfg.mutation = args.mutation;
         if let Some(n) = args.check_every {

@@ -85,6 +85,22 @@ pub struct Stats {
     pub unreachable_reports: u64,
     /// PEs removed because of such reports (after a failed probe).
     pub reported_away: u64,
+    /// PingPong sessions opened by pool users.
+    pub sessions: u64,
+    /// Sessions that got every Ping answered and closed.
+    pub sessions_finished: u64,
+    /// Sessions that gave up (with a cause).
+    pub sessions_failed: u64,
+    /// Session failovers completed.
+    pub failovers: u64,
+    /// Failovers that echoed a cookie to the new PE first.
+    pub failovers_with_cookie: u64,
+    /// Cookie echoes the PEs received.
+    pub cookie_echoes: u64,
+    /// Pings sent (first sendings).
+    pub pings: u64,
+    /// Pings answered.
+    pub pongs: u64,
 }
 
 impl Stats {
@@ -109,6 +125,14 @@ impl Stats {
         self.resolutions_failed += o.resolutions_failed;
         self.unreachable_reports += o.unreachable_reports;
         self.reported_away += o.reported_away;
+        self.sessions += o.sessions;
+        self.sessions_finished += o.sessions_finished;
+        self.sessions_failed += o.sessions_failed;
+        self.failovers += o.failovers;
+        self.failovers_with_cookie += o.failovers_with_cookie;
+        self.cookie_echoes += o.cookie_echoes;
+        self.pings += o.pings;
+        self.pongs += o.pongs;
     }
 }
 
@@ -119,7 +143,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -138,7 +162,15 @@ impl fmt::Display for Stats {
             self.resolutions,
             self.resolutions_failed,
             self.unreachable_reports,
-            self.reported_away
+            self.reported_away,
+            self.sessions,
+            self.sessions_finished,
+            self.sessions_failed,
+            self.failovers,
+            self.failovers_with_cookie,
+            self.cookie_echoes,
+            self.pings,
+            self.pongs
         )
     }
 }
