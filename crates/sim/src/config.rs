@@ -119,6 +119,20 @@ pub enum Mutation {
     /// Pool elements never answer keep-alives (a broken PE core), so that their registrations
     /// are dropped while they believe they are registered.
     SilentPoolElements,
+    /// Registrars' ENRP layers ack every ENRP_INIT_TAKEOVER unread and drop every
+    /// ENRP_TAKEOVER_SERVER (no arbitration, no news of a winner), so that every registrar that
+    /// notices a dead peer wins its takeover: `takeover_unique` must fail.
+    BlindTakeoverAcks,
+    /// For 2 s after a registrar probed a PE because pool users reported it unreachable, that
+    /// PE's keep-alive answers vanish on the way (a transport that loses exactly the probe's
+    /// answer), so that live PEs are removed on reports: `reports_remove_only_dead` must fail.
+    LostProbeAnswers,
+    /// Session associations swap the first two messages a pool user sends after binding with
+    /// a cookie (a transport that reorders): `cookie_echo_first` must fail.
+    ReorderedSessionStart,
+    /// Session associations deliver every message from a PE twice (a transport that
+    /// duplicates): `ping_answered_once` must fail.
+    DuplicatedSessionMessages,
 }
 
 /// Everything one run needs.

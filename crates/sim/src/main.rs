@@ -70,9 +70,13 @@ fn parse() -> Result<Args, String> {
                 a.mutation = Some(match value("--mutation")?.as_str() {
                     "one-way-enrp" => Mutation::OneWayEnrp,
                     "silent-pes" => Mutation::SilentPoolElements,
+                    "blind-takeover-acks" => Mutation::BlindTakeoverAcks,
+                    "lost-probe-answers" => Mutation::LostProbeAnswers,
+                    "reordered-session-start" => Mutation::ReorderedSessionStart,
+                    "duplicated-session-messages" => Mutation::DuplicatedSessionMessages,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages)"
                         ))
                     }
                 })
@@ -92,7 +96,9 @@ fn parse() -> Result<Args, String> {
                      --chaos SECS     length of the chaos phase (default: from the seed)\n\
                      --check-every N  scan every handlespace only every N steps (default 1)\n\
                      --mutation M     a deliberate defect the checker must catch:\n\
-                                      one-way-enrp, silent-pes (tests of the checker)"
+                                      one-way-enrp, silent-pes, blind-takeover-acks,\n\
+                                      lost-probe-answers, reordered-session-start,\n\
+                                      duplicated-session-messages (tests of the checker)"
                 );
                 std::process::exit(0);
             }

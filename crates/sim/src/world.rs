@@ -214,10 +214,11 @@ struct SimSession {
     /// The association the session uses (connecting or up).
     assoc: Option<u64>,
     failovers_seen: u64,
-    /// The cookie the session held when its current association came up: the first message
-    /// on it must echo it (`cookie_echo_first`).
-    expect_cookie: Option<Vec<u8>>,
-    first_sent: bool,
+    /// The first message on the current association, held back by
+    /// [`Mutation::ReorderedSessionStart`].
+    held: Option<Vec<u8>>,
+    /// Messages sent on the current association.
+    sent_on_assoc: u32,
     /// Pings sent (message number -> when last sent, global time).
     sent: BTreeMap<u64, Duration>,
     answered: BTreeSet<u64>,
@@ -283,6 +284,12 @@ pub struct World {
     /// Until when a host counts as recently paused (takeovers of it are expected).
     paused_recently: BTreeMap<HostId, Duration>,
     next_session: u64,
+    /// When a registrar last probed each PE because pool users reported it (for
+    /// [`Mutation::LostProbeAnswers`]).
+    last_probed: BTreeMap<PoolElementId, Duration>,
+    /// Session associations that came up while their session held a cookie: the cookie the
+    /// PE must receive first.
+    expect_echo: BTreeMap<u64, Vec<u8>>,
 }
 
 impl World {
@@ -323,6 +330,8 @@ impl World {
             paused: BTreeMap::new(),
             paused_recently: BTreeMap::new(),
             next_session: 0,
+            last_probed: BTreeMap::new(),
+            expect_echo: BTreeMap::new(),
         };
         w.build();
         w
@@ -733,6 +742,7 @@ impl World {
 
     /// Closes (aborts) an association from one end: the other end learns it after a delay.
     fn close(&mut self, id: u64, from: HostId) {
+        self.expect_echo.remove(&id);
         let Some(a) = self.assocs.get_mut(&id) else {
             return;
         };
@@ -772,6 +782,7 @@ impl World {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
+            self.expect_echo.remove(&id);
             let a = self.assocs.get_mut(&id).expect("present");
             let was_up = a.state == AssocState::Up;
             a.state = AssocState::Closed;
@@ -1088,8 +1099,13 @@ impl World {
                 match self.session_of(k, id) {
                     Some(n) => {
                         let s = self.pus[k].sessions[n].as_mut().expect("present");
-                        s.expect_cookie = s.core.cookie().map(<[u8]>::to_vec);
-                        s.first_sent = false;
+                        // The cookie the session holds now: the first message the PE gets on
+                        // this association must echo it (`cookie_echo_first`).
+                        if let Some(c) = s.core.cookie() {
+                            self.expect_echo.insert(id, c.to_vec());
+                        }
+                        s.held = None;
+                        s.sent_on_assoc = 0;
                         s.core.connected(now);
                         self.pump_session(k, n);
                     }
@@ -1203,6 +1219,7 @@ impl World {
             a.state = AssocState::Closed;
         }
         self.hash(4, id, &[]);
+        self.expect_echo.remove(&id);
         self.note(|| format!("{h}: association #{id} down"));
         let service = self.assocs[&id].service;
         let now = self.local(h);
@@ -1371,6 +1388,26 @@ impl World {
 
     fn reg_message(&mut self, i: usize, id: u64, service: Service, bytes: &[u8]) {
         let now = self.local(HostId::Registrar(i));
+        if service == Service::Enrp && self.cfg.mutation == Some(Mutation::BlindTakeoverAcks) {
+            // The defect: INIT_TAKEOVER acked unread, TAKEOVER_SERVER dropped.
+            match self.codec.decode::<EnrpMessage>(bytes).map(|d| d.message) {
+                Ok(EnrpMessage::InitTakeover(t)) => {
+                    let ack = EnrpMessage::InitTakeoverAck(rserpool_wire::enrp::Takeover {
+                        peers: rserpool_wire::enrp::Peers {
+                            sender: self.regs[i].id,
+                            receiver: t.peers.sender,
+                        },
+                        target: t.target,
+                    });
+                    if let Ok(b) = self.codec.encode(&ack) {
+                        self.send(id, HostId::Registrar(i), &b);
+                    }
+                    return;
+                }
+                Ok(EnrpMessage::TakeoverServer(_)) => return,
+                _ => {}
+            }
+        }
         if let Some(c) = self.regs[i].core.as_mut() {
             let (reg, enrp) = &mut **c;
             match service {
@@ -1390,6 +1427,24 @@ impl World {
     fn pe_message(&mut self, j: usize, id: u64, service: Service, bytes: &[u8]) {
         let now = self.local(HostId::PoolElement(j));
         if service == Service::Session {
+            // RFC 5352 §3.8: after a failover the cookie comes before any data.
+            if let Some(cookie) = self.expect_echo.remove(&id) {
+                let echoed = matches!(
+                    unframe(bytes),
+                    Some((11, m)) if matches!(
+                        self.codec.decode::<AsapMessage>(m).map(|d| d.message),
+                        Ok(AsapMessage::CookieEcho(c)) if c.cookie == cookie
+                    )
+                );
+                if !echoed {
+                    let what = self.describe(Service::Session, bytes);
+                    let msg = format!(
+                        "PE{j}: the first message on session association #{id}, bound with a cookie, is {what}, not the COOKIE_ECHO of that cookie"
+                    );
+                    self.fail("cookie_echo_first", msg);
+                    return;
+                }
+            }
             let p = &mut self.pes[j];
             if let (Some(server), Some((ppid, m))) = (p.server.as_mut(), unframe(bytes)) {
                 if p.sessions.contains(&id) {
@@ -1494,6 +1549,7 @@ impl World {
         let mut asap_out = Vec::new();
         let mut won = Vec::new();
         let mut reported_away = Vec::new();
+        let mut probed = Vec::new();
         {
             let Some(c) = self.regs[i].core.as_mut() else {
                 return;
@@ -1530,6 +1586,9 @@ impl World {
                 {
                     reported_away.push((pool_handle.clone(), *pe_id));
                 }
+                if let RegistrarEvent::UnreachableProbe { pe_id, .. } = &e {
+                    probed.push(*pe_id);
+                }
                 if self.trace.is_some() {
                     let line = format!("{h}: {e:?}");
                     if let Some(t) = self.trace.as_mut() {
@@ -1544,6 +1603,9 @@ impl World {
         }
         for target in won {
             self.takeover_won(i, target);
+        }
+        for pe in probed {
+            self.last_probed.insert(pe, self.now);
         }
         for (pool, pe) in reported_away {
             self.removed_by_reports(i, &pool, pe);
@@ -1644,8 +1706,21 @@ impl World {
             let c = self.pes[j].core.as_mut().expect("present");
             std::iter::from_fn(|| c.poll_transmit()).collect()
         };
+        let lose_acks = self.cfg.mutation == Some(Mutation::LostProbeAnswers)
+            && self
+                .last_probed
+                .get(&self.pes[j].id)
+                .is_some_and(|&t| self.now < t + Duration::from_secs(2));
         if let Some(a) = self.pes[j].home {
             for b in out {
+                if lose_acks
+                    && matches!(
+                        self.codec.decode::<AsapMessage>(&b).map(|d| d.message),
+                        Ok(AsapMessage::EndpointKeepAliveAck(_))
+                    )
+                {
+                    continue;
+                }
                 self.send(a, h, &b);
             }
         }
@@ -1712,7 +1787,13 @@ impl World {
                         ppid,
                         data,
                         ..
-                    } => self.send(session, h, &frame(ppid, &data)),
+                    } => {
+                        let bytes = frame(ppid, &data);
+                        self.send(session, h, &bytes);
+                        if self.cfg.mutation == Some(Mutation::DuplicatedSessionMessages) {
+                            self.send(session, h, &bytes);
+                        }
+                    }
                     ServerAction::Close(session) | ServerAction::Abort(session) => {
                         self.pes[j].sessions.remove(&session);
                         self.close(session, h);
@@ -1759,8 +1840,8 @@ impl World {
             client,
             assoc: None,
             failovers_seen: 0,
-            expect_cookie: None,
-            first_sent: false,
+            held: None,
+            sent_on_assoc: 0,
             sent: BTreeMap::new(),
             answered: BTreeSet::new(),
             moving_since: Some(global),
@@ -1839,25 +1920,24 @@ impl World {
                             continue;
                         };
                         let Some(assoc) = s.assoc else { continue };
-                        if !s.first_sent {
-                            s.first_sent = true;
-                            if let Some(cookie) = s.expect_cookie.take() {
-                                let echoed = ppid == Protocol::Asap.ppid()
-                                    && matches!(
-                                        self.codec.decode::<AsapMessage>(&data).map(|d| d.message),
-                                        Ok(AsapMessage::CookieEcho(c)) if c.cookie == cookie
-                                    );
-                                if !echoed {
-                                    let msg = format!(
-                                        "PU{k} session S{no}: the first message on association #{assoc} after binding with a cookie is PPID {ppid} ({} bytes), not the COOKIE_ECHO of that cookie",
-                                        data.len()
-                                    );
-                                    self.fail("cookie_echo_first", msg);
-                                    return;
-                                }
+                        s.sent_on_assoc += 1;
+                        let bytes = frame(ppid, &data);
+                        if self.cfg.mutation == Some(Mutation::ReorderedSessionStart)
+                            && self.expect_echo.contains_key(&assoc)
+                        {
+                            // The defect: the first message waits for the second.
+                            if s.sent_on_assoc == 1 {
+                                s.held = Some(bytes);
+                                continue;
                             }
+                            let held = s.held.take();
+                            self.send(assoc, h, &bytes);
+                            if let Some(b) = held {
+                                self.send(assoc, h, &b);
+                            }
+                            continue;
                         }
-                        self.send(assoc, h, &frame(ppid, &data));
+                        self.send(assoc, h, &bytes);
                     }
                     SessionAction::ReportUnreachable(pool, pe) => {
                         self.stats.unreachable_reports += 1;
