@@ -1726,7 +1726,7 @@ impl World {
         }
         // A PE that leaves is done once its deregistration is answered or timed out.
         let p = &mut self.pes[j];
-        if p.leaving && p.core.as_ref().is_some_and(|c| c.poll_timeout().is_none()) {
+        if p.leaving && p.core.as_ref().is_some_and(|c| c.is_done()) {
             p.leaving = false;
             p.left = true;
             p.core = None;
