@@ -133,6 +133,9 @@ pub enum Mutation {
     /// Session associations deliver every message from a PE twice (a transport that
     /// duplicates): `ping_answered_once` must fail.
     DuplicatedSessionMessages,
+    /// The gateway simulation's data plane reports the connections of a member whose process
+    /// died as closed in order (FIN) instead of reset: `gateway_member_lost` must fail.
+    GatewayFinFromDeadMember,
 }
 
 /// Everything one run needs.

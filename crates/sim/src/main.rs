@@ -6,7 +6,7 @@
 //!              [--seed S] [--trace]
 //! ```
 
-use rserpool_sim::{run, Faults, Mutation, SimConfig, Stats};
+use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, SimConfig, Stats};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ struct Args {
     chaos: Option<u64>,
     mutation: Option<Mutation>,
     check_every: Option<u64>,
+    gateway: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -41,6 +42,7 @@ fn parse() -> Result<Args, String> {
         chaos: None,
         mutation: None,
         check_every: None,
+        gateway: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,6 +56,7 @@ fn parse() -> Result<Args, String> {
             "--first" => a.first = num("--first", value("--first")?)?,
             "--seed" => a.seed = Some(num("--seed", value("--seed")?)?),
             "--trace" => a.trace = true,
+            "--gateway" => a.gateway = true,
             "--faults" => a.faults = Some(Faults::parse(&value("--faults")?)?),
             "--registrars" => {
                 a.registrars = Some(num("--registrars", value("--registrars")?)? as usize)
@@ -74,9 +77,10 @@ fn parse() -> Result<Args, String> {
                     "lost-probe-answers" => Mutation::LostProbeAnswers,
                     "reordered-session-start" => Mutation::ReorderedSessionStart,
                     "duplicated-session-messages" => Mutation::DuplicatedSessionMessages,
+                    "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member)"
                         ))
                     }
                 })
@@ -98,7 +102,11 @@ fn parse() -> Result<Args, String> {
                      --mutation M     a deliberate defect the checker must catch:\n\
                                       one-way-enrp, silent-pes, blind-takeover-acks,\n\
                                       lost-probe-answers, reordered-session-start,\n\
-                                      duplicated-session-messages (tests of the checker)"
+                                      duplicated-session-messages,\n\
+                                      gateway-fin-from-dead-member (tests of the checker)\n\
+                     --gateway        run the LSNAT gateway core's world instead (clients, data\n\
+                                      plane, members that crash, restart and pause); takes\n\
+                                      --seeds, --first, --seed, --trace, --mutation"
                 );
                 std::process::exit(0);
             }
@@ -124,6 +132,23 @@ fn main() -> ExitCode {
     let mut failures = Vec::new();
     let started = Instant::now();
     for &seed in &seeds {
+        if args.gateway {
+            let mut cfg = GatewayConfig::from_seed(seed);
+            cfg.trace = args.trace;
+            cfg.mutation = args.mutation;
+            let o = run_gateway(cfg);
+            for line in &o.trace {
+                println!("{line}");
+            }
+            total.add(&o.stats);
+            if let Some(f) = o.failure {
+                println!("FAIL {f}");
+                failures.push(f);
+            } else if args.seed.is_some() {
+                println!("seed {seed}: ok (trace hash {:016x})", o.trace_hash);
+            }
+            continue;
+        }
         let mut cfg = SimConfig::from_seed(seed);
         cfg.trace = args.trace;
         if let Some(f) = &args.faults {

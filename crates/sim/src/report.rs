@@ -101,6 +101,18 @@ pub struct Stats {
     pub pings: u64,
     /// Pings answered.
     pub pongs: u64,
+    /// Gateway sessions opened (gateway runs).
+    pub gw_sessions: u64,
+    /// Gateway sessions refused at a limit or for want of a member.
+    pub gw_refused: u64,
+    /// Gateway sessions closed in order.
+    pub gw_closed: u64,
+    /// Gateway sessions ended as member lost.
+    pub gw_member_lost: u64,
+    /// Gateway sessions ended as connect failed.
+    pub gw_connect_failed: u64,
+    /// Gateway sessions ended by a reset.
+    pub gw_reset: u64,
 }
 
 impl Stats {
@@ -133,6 +145,12 @@ impl Stats {
         self.cookie_echoes += o.cookie_echoes;
         self.pings += o.pings;
         self.pongs += o.pongs;
+        self.gw_sessions += o.gw_sessions;
+        self.gw_refused += o.gw_refused;
+        self.gw_closed += o.gw_closed;
+        self.gw_member_lost += o.gw_member_lost;
+        self.gw_connect_failed += o.gw_connect_failed;
+        self.gw_reset += o.gw_reset;
     }
 }
 
@@ -143,7 +161,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset)",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -170,7 +188,13 @@ impl fmt::Display for Stats {
             self.failovers_with_cookie,
             self.cookie_echoes,
             self.pings,
-            self.pongs
+            self.pongs,
+            self.gw_sessions,
+            self.gw_refused,
+            self.gw_closed,
+            self.gw_member_lost,
+            self.gw_connect_failed,
+            self.gw_reset
         )
     }
 }

@@ -2,11 +2,14 @@
 //! `SIM_FIRST=S`), replay of one seed (`SIM_SEED=S`), determinism, and proof that the checker
 //! catches deliberate defects.
 
-use rserpool_sim::{run, Faults, Mutation, Outcome, SimConfig};
+use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, Outcome, SimConfig};
 
-/// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 20 s in a debug build on two
-/// loaded cores).
-const DEFAULT_SEEDS: u64 = 48;
+/// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 30 s in a debug build on two
+/// loaded cores, sessions included).
+const DEFAULT_SEEDS: u64 = 40;
+
+/// Gateway seeds run by `cargo test` when `SIM_GATEWAY_SEEDS` is not set (a few seconds).
+const DEFAULT_GATEWAY_SEEDS: u64 = 60;
 
 /// Seeds that once broke an invariant, run on every test (docs/simulation.md says what each
 /// found). They were found before sessions were simulated and run without them, as they ran
@@ -246,4 +249,54 @@ fn the_checker_catches_a_ping_answered_twice() {
         .failure
         .expect("a Ping answered twice went unnoticed");
     assert_eq!(f.invariant, "ping_answered_once", "{f}");
+}
+
+/// The LSNAT gateway core's world: a seed set (more with `SIM_GATEWAY_SEEDS=N` from
+/// `SIM_FIRST`), none may break an invariant; sessions are opened, closed, lost and refused.
+#[test]
+fn gateway_seed_set() {
+    let first = env_u64("SIM_FIRST").unwrap_or(1000);
+    let n = env_u64("SIM_GATEWAY_SEEDS").unwrap_or(DEFAULT_GATEWAY_SEEDS);
+    let outcomes: Vec<Outcome> = (first..first + n)
+        .map(|s| run_gateway(GatewayConfig::from_seed(s)))
+        .collect();
+    let mut total = rserpool_sim::Stats::default();
+    for o in &outcomes {
+        total.add(&o.stats);
+    }
+    report(&outcomes);
+    assert!(
+        total.gw_closed > 0 && total.gw_member_lost > 0 && total.gw_refused > 0,
+        "the gateway seeds exercise too little: {total}"
+    );
+}
+
+/// A gateway seed replays exactly, and another seed is another run.
+#[test]
+fn a_gateway_seed_replays_exactly() {
+    let a = run_gateway(GatewayConfig::from_seed(7));
+    let b = run_gateway(GatewayConfig::from_seed(7));
+    assert_eq!(a.trace_hash, b.trace_hash);
+    assert_eq!(a.stats, b.stats);
+    let mut traced = GatewayConfig::from_seed(7);
+    traced.trace = true;
+    assert_eq!(run_gateway(traced).trace_hash, a.trace_hash);
+    assert_ne!(
+        run_gateway(GatewayConfig::from_seed(8)).trace_hash,
+        a.trace_hash
+    );
+}
+
+/// A data plane that reports the connections of a crashed member as closed in order: the
+/// checker must report `gateway_member_lost`. The same seed without the defect passes.
+#[test]
+fn the_checker_catches_a_dead_members_session_reported_closed() {
+    let mut cfg = GatewayConfig::from_seed(3);
+    cfg.mutation = Some(Mutation::GatewayFinFromDeadMember);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a dead member's session reported closed went unnoticed");
+    assert_eq!(f.invariant, "gateway_member_lost", "{f}");
+    let o = run_gateway(GatewayConfig::from_seed(3));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
 }
