@@ -61,6 +61,12 @@ pub struct GatewayConfig {
     pub pauses: bool,
     /// Length of the run.
     pub length: Duration,
+    /// `health.panic_threshold_percent` (0: off).
+    pub panic_threshold_percent: u8,
+    /// `health.connect_retries`: other members a session may be rebound to.
+    pub connect_retries: u32,
+    /// `persistence.timeout` (zero: no persistence).
+    pub persistence: Duration,
     /// Keep a readable trace.
     pub trace: bool,
     /// A deliberate defect (tests of the checker).
@@ -69,7 +75,8 @@ pub struct GatewayConfig {
 
 impl GatewayConfig {
     /// A run drawn from `seed`: 2–8 members, 1–6 clients, a policy, tight limits (so that they
-    /// are reached), faults every 5–30 s.
+    /// are reached), faults every 5–30 s, and in half of the seeds each a panic threshold and
+    /// client persistence; 0–3 connect retries.
     pub fn from_seed(seed: u64) -> Self {
         let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x6a7e_3a11_0000_0000);
         let policies: Vec<LoadSharePolicy> = LoadSharePolicy::ALL
@@ -93,6 +100,17 @@ impl GatewayConfig {
             length: Duration::from_secs(r.random_range(60..240)),
             trace: false,
             mutation: None,
+            panic_threshold_percent: if r.random_bool(0.5) {
+                r.random_range(20..70)
+            } else {
+                0
+            },
+            connect_retries: r.random_range(0..=3),
+            persistence: if r.random_bool(0.5) {
+                Duration::from_secs(r.random_range(5..60))
+            } else {
+                Duration::ZERO
+            },
         }
     }
 }
@@ -222,6 +240,9 @@ impl GatewayWorld {
         core_cfg.limits.receipt_candidates = 4;
         core_cfg.health.response_timeout = cfg.response_timeout;
         core_cfg.health.liveness.slow_start = Duration::from_secs(5);
+        core_cfg.health.panic_threshold_percent = cfg.panic_threshold_percent;
+        core_cfg.health.connect_retries = cfg.connect_retries;
+        core_cfg.persistence.timeout = cfg.persistence;
         let core_rng = ChaCha8Rng::seed_from_u64(rng.random());
         let mut core = Gateway::new(core_cfg, Box::new(core_rng));
         let members: Vec<SimMember> = (0..cfg.members)

@@ -271,6 +271,18 @@ fn gateway_seed_set() {
     );
 }
 
+/// Gateway seeds that once broke an invariant (docs/simulation.md says what they found).
+const GATEWAY_REGRESSION_SEEDS: &[u64] = &[322, 570, 906, 1313];
+
+#[test]
+fn gateway_regression_seeds() {
+    let outcomes: Vec<Outcome> = GATEWAY_REGRESSION_SEEDS
+        .iter()
+        .map(|&s| run_gateway(GatewayConfig::from_seed(s)))
+        .collect();
+    report(&outcomes);
+}
+
 /// A gateway seed replays exactly, and another seed is another run.
 #[test]
 fn a_gateway_seed_replays_exactly() {
