@@ -224,6 +224,8 @@ struct SimSession {
     answered: BTreeSet<u64>,
     /// Since when the session has no PE (opening or failing over), global time.
     moving_since: Option<Duration>,
+    /// When a Ping was last sent or answered, or the session last got a PE (global time).
+    last_progress: Duration,
 }
 
 struct PuHost {
@@ -1845,6 +1847,7 @@ impl World {
             sent: BTreeMap::new(),
             answered: BTreeSet::new(),
             moving_since: Some(global),
+            last_progress: global,
         });
         self.pump_session(k, n);
         self.flush(HostId::PoolUser(k));
@@ -1953,6 +1956,7 @@ impl World {
                 match e {
                     SessionEvent::Opened { .. } => {
                         s.moving_since = None;
+                        s.last_progress = global;
                         s.client.start(Now::from_monotonic(now));
                     }
                     SessionEvent::Data { ppid, stream, data } => {
@@ -1966,6 +1970,7 @@ impl World {
                     }
                     SessionEvent::Failover(record) => {
                         s.moving_since = None;
+                        s.last_progress = global;
                         s.failovers_seen += 1;
                         self.stats.failovers += 1;
                         if record.with_cookie {
@@ -2022,6 +2027,7 @@ impl World {
                     }
                     ClientOutput::Report(ClientReport::PingSent { message_no, resent }) => {
                         s.sent.insert(message_no, global);
+                        s.last_progress = global;
                         if !resent {
                             self.stats.pings += 1;
                         }
@@ -2035,6 +2041,9 @@ impl World {
                             return;
                         }
                         self.stats.pongs += 1;
+                        if let Some(s) = self.pus[k].sessions[n].as_mut() {
+                            s.last_progress = global;
+                        }
                     }
                     ClientOutput::Report(ClientReport::DuplicatePong { message_no }) => {
                         let msg =
@@ -2117,6 +2126,16 @@ impl World {
                 } else if s.core.is_bound() {
                     let bound =
                         PingPongClientConfig::default().reply_timeout.mul_f64(1.05) + PING_SLACK;
+                    if now > s.last_progress + bound {
+                        let msg = format!(
+                            "PU{k} session S{}: bound to {:?}, nothing sent or answered since {:?} (now {now:?})",
+                            s.no,
+                            s.core.current_pe(),
+                            s.last_progress
+                        );
+                        broken = Some(msg);
+                        break 'all;
+                    }
                     if let Some((m, t)) = s
                         .client
                         .outstanding()
