@@ -106,6 +106,9 @@ struct Assoc {
     queues: [VecDeque<(Duration, Rc<[u8]>)>; 2],
     last_ready: [Duration; 2],
     cut_since: Option<Duration>,
+    /// A session association one end (this side) aborted: what that end had sent still
+    /// arrives before the abort, nothing more moves.
+    closing: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -676,6 +679,7 @@ impl World {
             queues: [VecDeque::new(), VecDeque::new()],
             last_ready: [Duration::ZERO; 2],
             cut_since: None,
+            closing: None,
         };
         self.assocs.insert(id, a);
         self.stats.associations += 1;
@@ -701,7 +705,7 @@ impl World {
         let Some(a) = self.assocs.get(&id) else {
             return;
         };
-        if a.state == AssocState::Closed {
+        if a.state == AssocState::Closed || a.closing.is_some() {
             return;
         }
         let Some(me) = a.ends.iter().position(|h| *h == from) else {
@@ -751,11 +755,35 @@ impl World {
         if a.state == AssocState::Closed {
             return;
         }
+        if a.closing.is_some() {
+            // Both ends have let go.
+            a.state = AssocState::Closed;
+            a.queues = [VecDeque::new(), VecDeque::new()];
+            return;
+        }
+        let me = a.ends.iter().position(|h| *h == from).unwrap_or(0);
+        let other = 1 - me;
+        if a.service == Service::Session && a.state == AssocState::Up && a.cut_since.is_none() {
+            // What this end sent before it aborted is on its way and arrives first (the
+            // ABORT follows the data already transmitted); nothing reaches this end any more.
+            a.closing = Some(me);
+            a.queues[me].clear();
+            let last = a.last_ready[other];
+            let (x, y) = (a.ends[me], a.ends[other]);
+            let d = self.delay(x, y);
+            let t = (self.now + d).max(last);
+            self.schedule(
+                t,
+                Ev::Down {
+                    assoc: id,
+                    side: other,
+                },
+            );
+            return;
+        }
         let was_up = a.state == AssocState::Up;
         a.state = AssocState::Closed;
         a.queues = [VecDeque::new(), VecDeque::new()];
-        let me = a.ends.iter().position(|h| *h == from).unwrap_or(0);
-        let other = 1 - me;
         let (x, y) = (a.ends[me], a.ends[other]);
         if was_up {
             let t = if self.cut(x, y) {
