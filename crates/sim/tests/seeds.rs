@@ -4,9 +4,9 @@
 
 use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, Outcome, SimConfig};
 
-/// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 30 s in a debug build on two
-/// loaded cores, sessions included).
-const DEFAULT_SEEDS: u64 = 40;
+/// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 30 s of CPU in a debug build,
+/// sessions included).
+const DEFAULT_SEEDS: u64 = 64;
 
 /// Gateway seeds run by `cargo test` when `SIM_GATEWAY_SEEDS` is not set (a few seconds).
 const DEFAULT_GATEWAY_SEEDS: u64 = 60;
