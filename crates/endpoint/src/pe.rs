@@ -101,6 +101,10 @@ pub enum PeEvent {
     },
     /// The deregistration was confirmed.
     Deregistered,
+    /// The registrar did not confirm the deregistration within the response timeout: the PE
+    /// is done anyway (the registrar drops the registration when its life runs out or the
+    /// association closes).
+    DeregistrationTimedOut,
     /// The registrar did not answer in time: the driver drops the association; the core hunts
     /// for another registrar (RFC 5352 §3.6, [`PoolElementCore::poll_connect`]).
     RegistrarLost,
@@ -360,6 +364,13 @@ impl PoolElementCore {
         matches!(self.state, State::Registered { .. })
     }
 
+    /// Whether the PE has left the pool: its deregistration was confirmed, timed out, or its
+    /// association went away while it waited (after [`PoolElementCore::deregister`]). The
+    /// driver then closes the association and stops.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
     /// The policy (and values) registered.
     pub fn policy(&self) -> &PoolPolicy {
         &self.config.policy
@@ -424,7 +435,9 @@ impl PoolElementCore {
         }
     }
 
-    /// Leaves the pool (RFC 5352 §3.2).
+    /// Leaves the pool (RFC 5352 §3.2): sends ASAP_DEREGISTRATION and waits for the response
+    /// until [`PoolElementConfig::response_timeout`] (a timer, [`PoolElementCore::poll_timeout`]);
+    /// [`PoolElementCore::is_done`] says when the wait is over.
     pub fn deregister(&mut self, now: Duration) {
         if matches!(
             self.state,
@@ -537,8 +550,9 @@ impl PoolElementCore {
             }
             State::Hunting { next_try: Some(t) } if t <= now => self.next_candidate(now),
             State::Deregistering { deadline } if deadline <= now => {
+                // RFC 5352 §3.2: no answer within the response timeout; leave anyway.
                 self.state = State::Done;
-                self.events.push_back(PeEvent::RegistrarLost);
+                self.events.push_back(PeEvent::DeregistrationTimedOut);
             }
             _ => {}
         }

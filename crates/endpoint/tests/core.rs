@@ -871,3 +871,78 @@ fn an_asap_error_from_the_registrar_fails_the_waiting_resolution() {
     }
     assert_eq!(r.poll_timeout(), None, "nothing is left waiting");
 }
+
+/// A registered PE (virtual time `now`), its registration transmitted and answered.
+fn registered_pe(now: Duration) -> PoolElementCore {
+    let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));
+    pe.start(now);
+    assert!(pe.poll_connect().is_some());
+    pe.connected(now);
+    assert!(matches!(
+        dec(&pe.poll_transmit().unwrap()),
+        AsapMessage::Registration(_)
+    ));
+    pe.message(now, &registration_response(false));
+    assert_eq!(
+        pe_events(&mut pe),
+        vec![PeEvent::Registered { first: true }]
+    );
+    pe
+}
+
+/// RFC 5352 §3.2: the PE waits for ASAP_DEREGISTRATION_RESPONSE up to the response timeout, on
+/// its own timer; the driver only asks [`PoolElementCore::is_done`].
+#[test]
+fn the_deregistration_wait_is_the_cores_own_timer() {
+    let t0 = Duration::from_secs(10);
+    // Not answered: done when the response timeout (3 s) runs out, not before.
+    let mut pe = registered_pe(t0);
+    pe.deregister(t0);
+    assert!(matches!(
+        dec(&pe.poll_transmit().unwrap()),
+        AsapMessage::Deregistration(d) if d.pe_id == PoolElementId(0x42)
+    ));
+    assert!(!pe.is_done());
+    let deadline = pe.poll_timeout().expect("waiting for the response");
+    assert_eq!(deadline, t0 + Duration::from_secs(3));
+    pe.handle_timeout(deadline - MS);
+    assert!(!pe.is_done(), "done before the response timeout");
+    pe.handle_timeout(deadline);
+    assert!(pe.is_done());
+    assert_eq!(pe_events(&mut pe), vec![PeEvent::DeregistrationTimedOut]);
+    assert_eq!(pe.poll_timeout(), None);
+    assert_eq!(pe.poll_connect(), None, "a PE that left hunts for nobody");
+
+    // Answered: done at once, with the confirmation.
+    let mut pe = registered_pe(t0);
+    pe.deregister(t0);
+    let _ = pe.poll_transmit();
+    pe.message(
+        t0 + MS,
+        &enc(&AsapMessage::DeregistrationResponse(
+            asap::DeregistrationResponse {
+                pool_handle: pool(),
+                pe_id: PoolElementId(0x42),
+                error: None,
+            },
+        )),
+    );
+    assert!(pe.is_done());
+    assert_eq!(pe_events(&mut pe), vec![PeEvent::Deregistered]);
+    assert_eq!(pe.poll_timeout(), None);
+
+    // The association goes away while waiting: done, no hunt for another registrar.
+    let mut pe = registered_pe(t0);
+    pe.deregister(t0);
+    pe.disconnected(t0 + MS);
+    assert!(pe.is_done());
+    assert_eq!(pe.poll_connect(), None);
+
+    // Never registered (still hunting): done at once, nothing sent.
+    let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));
+    pe.start(t0);
+    pe.connect_failed(t0);
+    pe.deregister(t0);
+    assert!(pe.is_done());
+    assert_eq!(pe.poll_transmit(), None);
+}

@@ -793,3 +793,42 @@ fn pool_policy_is_the_handlespace_selection() {
     let chosen = ports(&mut g, 6, true);
     assert_eq!(chosen, vec![1, 1, 2, 1, 2, 1]);
 }
+
+/// A session bound in panic mode to a member already judged dead is lost as soon as new
+/// evidence says the member is still failing: the transition to dead, which ends a member's
+/// sessions, does not come again while it stays dead (found by the simulator, gateway seed
+/// 322: the session stayed bound to a dead host).
+#[test]
+fn a_session_bound_to_a_dead_member_in_panic_mode_is_lost_on_the_next_failure() {
+    let mut cfg = policy(LoadSharePolicy::RoundRobin);
+    cfg.health.panic_threshold_percent = 60;
+    let mut g = gateway(cfg, vec![member(1), member(2)]);
+    let m1 = g.member_id(&addr(1).to_string()).unwrap();
+    dead_after_failures(&mut g, m1, t(0), 3);
+    assert_eq!(g.member_health(m1), Some(Health::Dead));
+    // 1 of 2 live: panic; round robin soon binds a session to the dead member, which accepts
+    // it (one success: not enough to leave dead).
+    let on_dead = (0..4)
+        .find_map(|i| {
+            let b = g.open(t(1), flow(2000 + i)).unwrap();
+            (b.address.port() == 1).then_some(b.session)
+        })
+        .expect("a session on the dead member");
+    assert!(g.receipt(on_dead).unwrap().selected[0].panic);
+    g.connected(t(1), on_dead);
+    assert_eq!(g.member_health(m1), Some(Health::Dead));
+    assert!(g.take_actions().is_empty());
+    // It fails again (its host died): the session is lost, not left bound.
+    g.probe_result(t(2), m1, Err("timed out".into()));
+    let actions = g.take_actions();
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [Action::Close { session, outcome: Outcome::MemberLost { reason } }]
+                if *session == on_dead && reason.contains("still dead")
+        ),
+        "{actions:?}"
+    );
+    assert_eq!(g.outcome_count("member_lost"), 1);
+    assert_eq!(g.member_sessions(m1), Some(0));
+}

@@ -119,6 +119,23 @@ pub enum Mutation {
     /// Pool elements never answer keep-alives (a broken PE core), so that their registrations
     /// are dropped while they believe they are registered.
     SilentPoolElements,
+    /// Registrars' ENRP layers ack every ENRP_INIT_TAKEOVER unread and drop every
+    /// ENRP_TAKEOVER_SERVER (no arbitration, no news of a winner), so that every registrar that
+    /// notices a dead peer wins its takeover: `takeover_unique` must fail.
+    BlindTakeoverAcks,
+    /// For 2 s after a registrar probed a PE because pool users reported it unreachable, that
+    /// PE's keep-alive answers vanish on the way (a transport that loses exactly the probe's
+    /// answer), so that live PEs are removed on reports: `reports_remove_only_dead` must fail.
+    LostProbeAnswers,
+    /// Session associations swap the first two messages a pool user sends after binding with
+    /// a cookie (a transport that reorders): `cookie_echo_first` must fail.
+    ReorderedSessionStart,
+    /// Session associations deliver every message from a PE twice (a transport that
+    /// duplicates): `ping_answered_once` must fail.
+    DuplicatedSessionMessages,
+    /// The gateway simulation's data plane reports the connections of a member whose process
+    /// died as closed in order (FIN) instead of reset: `gateway_member_lost` must fail.
+    GatewayFinFromDeadMember,
 }
 
 /// Everything one run needs.
@@ -132,6 +149,12 @@ pub struct SimConfig {
     pub pool_elements: usize,
     /// Pool users (handle resolvers).
     pub pool_users: usize,
+    /// PingPong sessions each pool user keeps running (with failover and cookies); a session
+    /// that finished or gave up is followed by a new one.
+    pub sessions_per_pu: usize,
+    /// PingPong PEs abort a session after this many replies (RSPLIB `-pppfailureafter`), to
+    /// force failovers with cookies; 0 never.
+    pub pingpong_failure_after: u64,
     /// Pools the PEs are spread over.
     pub pools: usize,
     /// Length of the chaos phase (faults and PE churn); then the network heals, crashed hosts
@@ -175,7 +198,7 @@ pub struct SimConfig {
 
 impl SimConfig {
     /// A run drawn from `seed`: network quality, faults, whether announces and ENRP multicast
-    /// are on, and sizes (3–5 registrars, 6–16 PEs, 1–3 PUs).
+    /// are on, and sizes (3–5 registrars, 6–16 PEs, 1–3 PUs, 0–2 sessions per PU).
     pub fn from_seed(seed: u64) -> Self {
         let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c0f1_9000_0000);
         let lossy = r.random_bool(0.5);
@@ -202,6 +225,8 @@ impl SimConfig {
             registrars: r.random_range(3..=5),
             pool_elements: r.random_range(6..=16),
             pool_users: r.random_range(1..=3),
+            sessions_per_pu: 0,
+            pingpong_failure_after: 0,
             pools: r.random_range(1..=3),
             chaos: Duration::from_secs(r.random_range(60..180)),
             quiet: Duration::from_secs(150),
@@ -226,6 +251,17 @@ impl SimConfig {
         c.faults.pauses = r.random_bool(0.5);
         c.max_drift_ppm = if r.random_bool(0.5) {
             r.random_range(1..=20_000)
+        } else {
+            0
+        };
+        // Sessions came later still: a seed with `sessions_per_pu = 0` runs as before them.
+        c.sessions_per_pu = if r.random_bool(0.8) {
+            r.random_range(1..=2)
+        } else {
+            0
+        };
+        c.pingpong_failure_after = if r.random_bool(0.3) {
+            r.random_range(5..40)
         } else {
             0
         };

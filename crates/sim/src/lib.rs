@@ -1,10 +1,13 @@
 //! Deterministic simulation of RSerPool: registrars (the ASAP core and the ENRP core of
-//! `rserpool-registrar`), pool elements and pool users (the cores of `rserpool-endpoint`) run in
+//! `rserpool-registrar`), pool elements and pool users with their PingPong sessions (the cores
+//! of `rserpool-endpoint` and `rserpool-services`) run in
 //! one thread, in virtual time, over a simulated network that delays, loses, duplicates and
 //! reorders datagrams, keeps associations reliable and ordered (loss costs retransmission
 //! time), cuts hosts apart and heals them; hosts crash (state lost) and restart. Every random
 //! choice comes from one seed, so any run replays exactly. Invariants are checked after every
-//! step; a broken one names the seed, the step and the command that replays it.
+//! step; a broken one names the seed, the step and the command that replays it. The LSNAT
+//! gateway core (`rserpool-lsnat` without its runtime) runs in its own world ([`gateway`]):
+//! clients, a simulated data plane and members that crash, restart and pause.
 //!
 //! No tokio, no sockets: the cores are driven directly, as their drivers would.
 //!
@@ -19,10 +22,12 @@
 
 mod config;
 pub mod fixtures;
+pub mod gateway;
 mod report;
 mod world;
 
 pub use config::{Faults, LinkConfig, Mutation, SimConfig};
+pub use gateway::{run_gateway, GatewayConfig};
 pub use report::{Failure, Outcome, Stats};
 pub use world::{HostId, World};
 

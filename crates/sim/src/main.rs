@@ -2,10 +2,11 @@
 //!
 //! ```text
 //! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition,pause|all|none]
-//!              [--registrars N] [--pes N] [--pus N] [--seed S] [--trace]
+//!              [--registrars N] [--pes N] [--pus N] [--sessions N] [--failure-after N]
+//!              [--seed S] [--trace]
 //! ```
 
-use rserpool_sim::{run, Faults, Mutation, SimConfig, Stats};
+use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, SimConfig, Stats};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,12 @@ struct Args {
     registrars: Option<usize>,
     pes: Option<usize>,
     pus: Option<usize>,
+    sessions: Option<usize>,
+    failure_after: Option<u64>,
     chaos: Option<u64>,
     mutation: Option<Mutation>,
     check_every: Option<u64>,
+    gateway: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -33,9 +37,12 @@ fn parse() -> Result<Args, String> {
         registrars: None,
         pes: None,
         pus: None,
+        sessions: None,
+        failure_after: None,
         chaos: None,
         mutation: None,
         check_every: None,
+        gateway: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,21 +56,31 @@ fn parse() -> Result<Args, String> {
             "--first" => a.first = num("--first", value("--first")?)?,
             "--seed" => a.seed = Some(num("--seed", value("--seed")?)?),
             "--trace" => a.trace = true,
+            "--gateway" => a.gateway = true,
             "--faults" => a.faults = Some(Faults::parse(&value("--faults")?)?),
             "--registrars" => {
                 a.registrars = Some(num("--registrars", value("--registrars")?)? as usize)
             }
             "--pes" => a.pes = Some(num("--pes", value("--pes")?)? as usize),
             "--pus" => a.pus = Some(num("--pus", value("--pus")?)? as usize),
+            "--sessions" => a.sessions = Some(num("--sessions", value("--sessions")?)? as usize),
+            "--failure-after" => {
+                a.failure_after = Some(num("--failure-after", value("--failure-after")?)?)
+            }
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
             "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
             "--mutation" => {
                 a.mutation = Some(match value("--mutation")?.as_str() {
                     "one-way-enrp" => Mutation::OneWayEnrp,
                     "silent-pes" => Mutation::SilentPoolElements,
+                    "blind-takeover-acks" => Mutation::BlindTakeoverAcks,
+                    "lost-probe-answers" => Mutation::LostProbeAnswers,
+                    "reordered-session-start" => Mutation::ReorderedSessionStart,
+                    "duplicated-session-messages" => Mutation::DuplicatedSessionMessages,
+                    "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member)"
                         ))
                     }
                 })
@@ -77,10 +94,19 @@ fn parse() -> Result<Args, String> {
                      --trace          print the readable trace of each run\n\
                      --faults LIST    registrar,pe,partition,pause | all | none (default: from the seed)\n\
                      --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
+                     --sessions N     PingPong sessions per PU (default: from the seed; 0 runs a\n\
+                                      seed as it ran before sessions were simulated)\n\
+                     --failure-after N  PingPong PEs abort a session after N replies (0 never)\n\
                      --chaos SECS     length of the chaos phase (default: from the seed)\n\
                      --check-every N  scan every handlespace only every N steps (default 1)\n\
                      --mutation M     a deliberate defect the checker must catch:\n\
-                                      one-way-enrp, silent-pes (tests of the checker)"
+                                      one-way-enrp, silent-pes, blind-takeover-acks,\n\
+                                      lost-probe-answers, reordered-session-start,\n\
+                                      duplicated-session-messages,\n\
+                                      gateway-fin-from-dead-member (tests of the checker)\n\
+                     --gateway        run the LSNAT gateway core's world instead (clients, data\n\
+                                      plane, members that crash, restart and pause); takes\n\
+                                      --seeds, --first, --seed, --trace, --mutation"
                 );
                 std::process::exit(0);
             }
@@ -106,6 +132,23 @@ fn main() -> ExitCode {
     let mut failures = Vec::new();
     let started = Instant::now();
     for &seed in &seeds {
+        if args.gateway {
+            let mut cfg = GatewayConfig::from_seed(seed);
+            cfg.trace = args.trace;
+            cfg.mutation = args.mutation;
+            let o = run_gateway(cfg);
+            for line in &o.trace {
+                println!("{line}");
+            }
+            total.add(&o.stats);
+            if let Some(f) = o.failure {
+                println!("FAIL {f}");
+                failures.push(f);
+            } else if args.seed.is_some() {
+                println!("seed {seed}: ok (trace hash {:016x})", o.trace_hash);
+            }
+            continue;
+        }
         let mut cfg = SimConfig::from_seed(seed);
         cfg.trace = args.trace;
         if let Some(f) = &args.faults {
@@ -123,6 +166,12 @@ fn main() -> ExitCode {
         }
         if let Some(n) = args.pus {
             cfg.pool_users = n;
+        }
+        if let Some(n) = args.sessions {
+            cfg.sessions_per_pu = n;
+        }
+        if let Some(n) = args.failure_after {
+            cfg.pingpong_failure_after = n;
         }
         cfg.mutation = args.mutation;
         if let Some(n) = args.check_every {

@@ -85,6 +85,34 @@ pub struct Stats {
     pub unreachable_reports: u64,
     /// PEs removed because of such reports (after a failed probe).
     pub reported_away: u64,
+    /// PingPong sessions opened by pool users.
+    pub sessions: u64,
+    /// Sessions that got every Ping answered and closed.
+    pub sessions_finished: u64,
+    /// Sessions that gave up (with a cause).
+    pub sessions_failed: u64,
+    /// Session failovers completed.
+    pub failovers: u64,
+    /// Failovers that echoed a cookie to the new PE first.
+    pub failovers_with_cookie: u64,
+    /// Cookie echoes the PEs received.
+    pub cookie_echoes: u64,
+    /// Pings sent (first sendings).
+    pub pings: u64,
+    /// Pings answered.
+    pub pongs: u64,
+    /// Gateway sessions opened (gateway runs).
+    pub gw_sessions: u64,
+    /// Gateway sessions refused at a limit or for want of a member.
+    pub gw_refused: u64,
+    /// Gateway sessions closed in order.
+    pub gw_closed: u64,
+    /// Gateway sessions ended as member lost.
+    pub gw_member_lost: u64,
+    /// Gateway sessions ended as connect failed.
+    pub gw_connect_failed: u64,
+    /// Gateway sessions ended by a reset.
+    pub gw_reset: u64,
 }
 
 impl Stats {
@@ -109,6 +137,20 @@ impl Stats {
         self.resolutions_failed += o.resolutions_failed;
         self.unreachable_reports += o.unreachable_reports;
         self.reported_away += o.reported_away;
+        self.sessions += o.sessions;
+        self.sessions_finished += o.sessions_finished;
+        self.sessions_failed += o.sessions_failed;
+        self.failovers += o.failovers;
+        self.failovers_with_cookie += o.failovers_with_cookie;
+        self.cookie_echoes += o.cookie_echoes;
+        self.pings += o.pings;
+        self.pongs += o.pongs;
+        self.gw_sessions += o.gw_sessions;
+        self.gw_refused += o.gw_refused;
+        self.gw_closed += o.gw_closed;
+        self.gw_member_lost += o.gw_member_lost;
+        self.gw_connect_failed += o.gw_connect_failed;
+        self.gw_reset += o.gw_reset;
     }
 }
 
@@ -119,7 +161,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset)",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -138,7 +180,21 @@ impl fmt::Display for Stats {
             self.resolutions,
             self.resolutions_failed,
             self.unreachable_reports,
-            self.reported_away
+            self.reported_away,
+            self.sessions,
+            self.sessions_finished,
+            self.sessions_failed,
+            self.failovers,
+            self.failovers_with_cookie,
+            self.cookie_echoes,
+            self.pings,
+            self.pongs,
+            self.gw_sessions,
+            self.gw_refused,
+            self.gw_closed,
+            self.gw_member_lost,
+            self.gw_connect_failed,
+            self.gw_reset
         )
     }
 }

@@ -8,11 +8,20 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
 use rserpool_endpoint::pu::{RequestId, Resolver, ResolverConfig, ResolverEvent};
+use rserpool_endpoint::server::{ServerAction, ServerConfig, ServerEvent, SessionServer};
+use rserpool_endpoint::session::{
+    FailoverReason, Outcome as SessionOutcome, PoolUserSession, SessionAction, SessionConfig,
+    SessionEvent,
+};
 use rserpool_registrar::enrp::{Enrp, EnrpConfig, EnrpDestination, EnrpEvent, Source};
 use rserpool_registrar::{
     AnnounceConfig, AssociationId, Destination, Profile, Registrar, RegistrarConfig,
     RegistrarEvent, RemovalCause,
 };
+use rserpool_services::pingpong::{
+    PingPongClient, PingPongClientConfig, PingPongServer, PingPongServerConfig,
+};
+use rserpool_services::{ClientOutput, ClientReport, ClientService, Now, PPID_PINGPONG};
 use rserpool_wire::asap::AsapMessage;
 use rserpool_wire::enrp::EnrpMessage;
 use rserpool_wire::{
@@ -31,6 +40,17 @@ const ASAP_PORT: u16 = 3863;
 const ENRP_PORT: u16 = 9901;
 /// The port PEs and PUs hold their registrar associations on.
 const CLIENT_PORT: u16 = 5000;
+/// The PEs' user transport port (their PingPong service).
+const SESSION_PORT: u16 = 7000;
+/// The port a PU's sessions come from.
+const PU_SESSION_PORT: u16 = 5001;
+/// How long a session may be without a PE (opening or failing over) before `session_progress`
+/// calls it stuck: 5 attempts of at most a resolution, a connection and a back-off (5 + 5 + 2 s)
+/// are 60 s on the PU's clock.
+const SESSION_MOVE_BOUND: Duration = Duration::from_secs(90);
+/// Slack over the PingPong reply timeout before an unanswered Ping on a bound session counts
+/// as forgotten (the client must have failed over by then).
+const PING_SLACK: Duration = Duration::from_secs(1);
 /// Window after a partition heals in which takeovers are not compared (peers were legitimately
 /// unable to see each other).
 const PARTITION_SETTLE: Duration = Duration::from_secs(30);
@@ -61,6 +81,9 @@ impl std::fmt::Display for HostId {
 enum Service {
     Asap,
     Enrp,
+    /// A PU's session with a PE's user transport (data and the ASAP control channel; each
+    /// message carries its PPID in its first four bytes).
+    Session,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +106,9 @@ struct Assoc {
     queues: [VecDeque<(Duration, Rc<[u8]>)>; 2],
     last_ready: [Duration; 2],
     cut_since: Option<Duration>,
+    /// A session association one end (this side) aborted: what that end had sent still
+    /// arrives before the abort, nothing more moves.
+    closing: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -112,6 +138,10 @@ enum Ev {
     Rejoin(usize),
     Resolve(usize),
     Resume(HostId),
+    /// PU k starts a new session in slot n.
+    SessionStart(usize, usize),
+    /// The periodic check that every session makes progress.
+    SessionAudit,
     EndChaos,
     Finish,
 }
@@ -172,6 +202,33 @@ struct PeHost {
     ended_at: Option<Duration>,
     armed: Option<Duration>,
     same_instant: (Duration, u32),
+    /// The session side of its PingPong service (absent while down or gone from the pool).
+    server: Option<SessionServer>,
+    /// Session associations it accepted.
+    sessions: BTreeSet<u64>,
+}
+
+/// One PingPong session of a PU, with what the checker knows of it.
+struct SimSession {
+    /// Run-wide session number (for the trace).
+    no: u64,
+    core: PoolUserSession,
+    client: PingPongClient,
+    /// The association the session uses (connecting or up).
+    assoc: Option<u64>,
+    failovers_seen: u64,
+    /// The first message on the current association, held back by
+    /// [`Mutation::ReorderedSessionStart`].
+    held: Option<Vec<u8>>,
+    /// Messages sent on the current association.
+    sent_on_assoc: u32,
+    /// Pings sent (message number -> when last sent, global time).
+    sent: BTreeMap<u64, Duration>,
+    answered: BTreeSet<u64>,
+    /// Since when the session has no PE (opening or failing over), global time.
+    moving_since: Option<Duration>,
+    /// When a Ping was last sent or answered, or the session last got a PE (global time).
+    last_progress: Duration,
 }
 
 struct PuHost {
@@ -188,6 +245,10 @@ struct PuHost {
     outstanding: BTreeMap<RequestId, (PoolHandle, Duration)>,
     armed: Option<Duration>,
     same_instant: (Duration, u32),
+    /// Its sessions, one per slot (`None` between two sessions).
+    sessions: Vec<Option<SimSession>>,
+    /// Resolutions asked by a session: request -> slot.
+    session_requests: BTreeMap<RequestId, usize>,
 }
 
 /// The simulated world of one run.
@@ -227,6 +288,13 @@ pub struct World {
     paused: BTreeMap<HostId, Duration>,
     /// Until when a host counts as recently paused (takeovers of it are expected).
     paused_recently: BTreeMap<HostId, Duration>,
+    next_session: u64,
+    /// When a registrar last probed each PE because pool users reported it (for
+    /// [`Mutation::LostProbeAnswers`]).
+    last_probed: BTreeMap<PoolElementId, Duration>,
+    /// Session associations that came up while their session held a cookie: the cookie the
+    /// PE must receive first.
+    expect_echo: BTreeMap<u64, Vec<u8>>,
 }
 
 impl World {
@@ -266,6 +334,9 @@ impl World {
             drift: BTreeMap::new(),
             paused: BTreeMap::new(),
             paused_recently: BTreeMap::new(),
+            next_session: 0,
+            last_probed: BTreeMap::new(),
+            expect_echo: BTreeMap::new(),
         };
         w.build();
         w
@@ -309,6 +380,8 @@ impl World {
                 ended_at: None,
                 armed: None,
                 same_instant: (Duration::ZERO, 0),
+                server: None,
+                sessions: BTreeSet::new(),
             });
         }
         for k in 0..self.cfg.pool_users {
@@ -329,6 +402,8 @@ impl World {
                 outstanding: BTreeMap::new(),
                 armed: None,
                 same_instant: (Duration::ZERO, 0),
+                sessions: (0..self.cfg.sessions_per_pu).map(|_| None).collect(),
+                session_requests: BTreeMap::new(),
             });
         }
         for (i, r) in self.regs.iter().enumerate() {
@@ -370,6 +445,17 @@ impl World {
         if let Some(m) = self.cfg.churn {
             let at = self.exp(m);
             self.schedule(at, Ev::Churn);
+        }
+        // Sessions draw from the seed only when there are any, so that a run without them is
+        // the run it was before they existed.
+        for k in 0..self.pus.len() {
+            for n in 0..self.cfg.sessions_per_pu {
+                let at = self.uniform(Duration::from_secs(1), Duration::from_secs(5));
+                self.schedule(at, Ev::SessionStart(k, n));
+            }
+        }
+        if self.cfg.sessions_per_pu > 0 {
+            self.schedule(Duration::from_secs(1), Ev::SessionAudit);
         }
         self.schedule(self.cfg.chaos, Ev::EndChaos);
         self.schedule(self.cfg.chaos + self.cfg.quiet, Ev::Finish);
@@ -484,8 +570,22 @@ impl World {
                     ENRP_PORT
                 },
             ),
-            HostId::PoolElement(j) => SocketAddr::new(self.pes[j].ip, CLIENT_PORT),
-            HostId::PoolUser(k) => SocketAddr::new(self.pus[k].ip, CLIENT_PORT),
+            HostId::PoolElement(j) => SocketAddr::new(
+                self.pes[j].ip,
+                if service == Service::Session {
+                    SESSION_PORT
+                } else {
+                    CLIENT_PORT
+                },
+            ),
+            HostId::PoolUser(k) => SocketAddr::new(
+                self.pus[k].ip,
+                if service == Service::Session {
+                    PU_SESSION_PORT
+                } else {
+                    CLIENT_PORT
+                },
+            ),
         }
     }
 
@@ -494,6 +594,9 @@ impl World {
             (HostId::Registrar(i), ASAP_PORT) => Some((HostId::Registrar(*i), Service::Asap)),
             (HostId::Registrar(i), ENRP_PORT) => Some((HostId::Registrar(*i), Service::Enrp)),
             (HostId::PoolElement(j), CLIENT_PORT) => Some((HostId::PoolElement(*j), Service::Asap)),
+            (HostId::PoolElement(j), SESSION_PORT) => {
+                Some((HostId::PoolElement(*j), Service::Session))
+            }
             _ => None,
         }
     }
@@ -539,6 +642,19 @@ impl World {
                 Ok(d) => d.message.name().to_string(),
                 Err(e) => format!("undecodable ENRP ({e})"),
             },
+            Service::Session => match unframe(bytes) {
+                Some((11, m)) => self.describe(Service::Asap, m),
+                Some((PPID_PINGPONG, m)) => {
+                    use rserpool_services::pingpong::PingPongMessage;
+                    match PingPongMessage::decode(m) {
+                        Ok(PingPongMessage::Ping(p)) => p.to_string(),
+                        Ok(PingPongMessage::Pong(p)) => p.to_string(),
+                        Err(e) => format!("undecodable PingPong ({e})"),
+                    }
+                }
+                Some((ppid, m)) => format!("PPID {ppid}, {} bytes", m.len()),
+                None => "a session message without PPID".to_string(),
+            },
         }
     }
 
@@ -563,6 +679,7 @@ impl World {
             queues: [VecDeque::new(), VecDeque::new()],
             last_ready: [Duration::ZERO; 2],
             cut_since: None,
+            closing: None,
         };
         self.assocs.insert(id, a);
         self.stats.associations += 1;
@@ -588,7 +705,7 @@ impl World {
         let Some(a) = self.assocs.get(&id) else {
             return;
         };
-        if a.state == AssocState::Closed {
+        if a.state == AssocState::Closed || a.closing.is_some() {
             return;
         }
         let Some(me) = a.ends.iter().position(|h| *h == from) else {
@@ -631,17 +748,42 @@ impl World {
 
     /// Closes (aborts) an association from one end: the other end learns it after a delay.
     fn close(&mut self, id: u64, from: HostId) {
+        self.expect_echo.remove(&id);
         let Some(a) = self.assocs.get_mut(&id) else {
             return;
         };
         if a.state == AssocState::Closed {
             return;
         }
+        if a.closing.is_some() {
+            // Both ends have let go.
+            a.state = AssocState::Closed;
+            a.queues = [VecDeque::new(), VecDeque::new()];
+            return;
+        }
+        let me = a.ends.iter().position(|h| *h == from).unwrap_or(0);
+        let other = 1 - me;
+        if a.service == Service::Session && a.state == AssocState::Up && a.cut_since.is_none() {
+            // What this end sent before it aborted is on its way and arrives first (the
+            // ABORT follows the data already transmitted); nothing reaches this end any more.
+            a.closing = Some(me);
+            a.queues[me].clear();
+            let last = a.last_ready[other];
+            let (x, y) = (a.ends[me], a.ends[other]);
+            let d = self.delay(x, y);
+            let t = (self.now + d).max(last);
+            self.schedule(
+                t,
+                Ev::Down {
+                    assoc: id,
+                    side: other,
+                },
+            );
+            return;
+        }
         let was_up = a.state == AssocState::Up;
         a.state = AssocState::Closed;
         a.queues = [VecDeque::new(), VecDeque::new()];
-        let me = a.ends.iter().position(|h| *h == from).unwrap_or(0);
-        let other = 1 - me;
         let (x, y) = (a.ends[me], a.ends[other]);
         if was_up {
             let t = if self.cut(x, y) {
@@ -670,6 +812,7 @@ impl World {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
+            self.expect_echo.remove(&id);
             let a = self.assocs.get_mut(&id).expect("present");
             let was_up = a.state == AssocState::Up;
             a.state = AssocState::Closed;
@@ -852,6 +995,8 @@ impl World {
                     self.hash(9, 0, &[]);
                 }
             }
+            Ev::SessionStart(k, n) => self.start_session(k, n),
+            Ev::SessionAudit => self.audit_sessions(),
             Ev::EndChaos => self.end_chaos(),
             Ev::Finish => self.check_converged(),
         }
@@ -896,8 +1041,8 @@ impl World {
         }
         match h {
             HostId::Registrar(i) => self.reg_message(i, id, service, &bytes),
-            HostId::PoolElement(j) => self.pe_message(j, id, &bytes),
-            HostId::PoolUser(k) => self.pu_message(k, id, &bytes),
+            HostId::PoolElement(j) => self.pe_message(j, id, service, &bytes),
+            HostId::PoolUser(k) => self.pu_message(k, id, service, &bytes),
         }
     }
 
@@ -956,6 +1101,45 @@ impl World {
                         );
                         enrp.after_asap(reg);
                     }
+                }
+                self.flush(h);
+            }
+            HostId::PoolElement(j) if service == Service::Session => {
+                let now = Now::from_monotonic(self.local(h));
+                let identity = match peer.ip() {
+                    IpAddr::V4(a) => a.octets().to_vec(),
+                    IpAddr::V6(a) => a.octets().to_vec(),
+                };
+                let p = &mut self.pes[j];
+                match p.server.as_mut() {
+                    Some(server) if inbound => {
+                        if server.accept(now, id, Some(identity)) {
+                            p.sessions.insert(id);
+                        }
+                    }
+                    _ => {
+                        self.close(id, h);
+                        return;
+                    }
+                }
+                self.flush(h);
+            }
+            HostId::PoolUser(k) if service == Service::Session => {
+                let now = self.local(h);
+                match self.session_of(k, id) {
+                    Some(n) => {
+                        let s = self.pus[k].sessions[n].as_mut().expect("present");
+                        // The cookie the session holds now: the first message the PE gets on
+                        // this association must echo it (`cookie_echo_first`).
+                        if let Some(c) = s.core.cookie() {
+                            self.expect_echo.insert(id, c.to_vec());
+                        }
+                        s.held = None;
+                        s.sent_on_assoc = 0;
+                        s.core.connected(now);
+                        self.pump_session(k, n);
+                    }
+                    None => self.close(id, h),
                 }
                 self.flush(h);
             }
@@ -1028,6 +1212,16 @@ impl World {
                 }
                 self.flush(h);
             }
+            HostId::PoolUser(k) if self.assocs[&id].service == Service::Session => {
+                if let Some(n) = self.session_of(k, id) {
+                    let s = self.pus[k].sessions[n].as_mut().expect("present");
+                    s.assoc = None;
+                    s.core
+                        .connect_failed(now, "connection refused or unreachable".into());
+                    self.pump_session(k, n);
+                }
+                self.flush(h);
+            }
             HostId::PoolUser(k) => {
                 if self.pus[k].connecting == Some(id) {
                     self.pus[k].connecting = None;
@@ -1055,6 +1249,7 @@ impl World {
             a.state = AssocState::Closed;
         }
         self.hash(4, id, &[]);
+        self.expect_echo.remove(&id);
         self.note(|| format!("{h}: association #{id} down"));
         let service = self.assocs[&id].service;
         let now = self.local(h);
@@ -1071,7 +1266,25 @@ impl World {
                             enrp.after_asap(reg);
                         }
                         Service::Enrp => enrp.association_down(now, reg, AssociationId(id)),
+                        // Registrars have no sessions.
+                        Service::Session => {}
                     }
+                }
+            }
+            HostId::PoolElement(j) if service == Service::Session => {
+                let p = &mut self.pes[j];
+                if p.sessions.remove(&id) {
+                    if let Some(server) = p.server.as_mut() {
+                        server.closed(Now::from_monotonic(now), id);
+                    }
+                }
+            }
+            HostId::PoolUser(k) if service == Service::Session => {
+                if let Some(n) = self.session_of(k, id) {
+                    let s = self.pus[k].sessions[n].as_mut().expect("present");
+                    s.assoc = None;
+                    s.core.association_lost(now, "association lost".into());
+                    self.pump_session(k, n);
                 }
             }
             HostId::PoolElement(j) => {
@@ -1150,11 +1363,36 @@ impl World {
                 }
             }
             HostId::PoolElement(j) => {
-                if let Some(c) = self.pes[j].core.as_mut() {
-                    c.handle_timeout(now);
+                let p = &mut self.pes[j];
+                if let Some(c) = p.core.as_mut() {
+                    if c.poll_timeout().is_some_and(|t| t <= now) {
+                        c.handle_timeout(now);
+                    }
+                }
+                if let Some(server) = p.server.as_mut() {
+                    if server.poll_timeout().is_some_and(|t| t <= now) {
+                        server.handle_timeout(Now::from_monotonic(now));
+                    }
                 }
             }
-            HostId::PoolUser(k) => self.pus[k].resolver.handle_timeout(now),
+            HostId::PoolUser(k) => {
+                let p = &mut self.pus[k];
+                if p.resolver.poll_timeout().is_some_and(|t| t <= now) {
+                    p.resolver.handle_timeout(now);
+                }
+                for n in 0..p.sessions.len() {
+                    let Some(s) = self.pus[k].sessions[n].as_mut() else {
+                        continue;
+                    };
+                    if s.core.poll_timeout().is_some_and(|t| t <= now) {
+                        s.core.handle_timeout(now);
+                    }
+                    if s.client.poll_timeout().is_some_and(|t| t <= now) {
+                        s.client.handle_timeout(Now::from_monotonic(now));
+                    }
+                    self.pump_session(k, n);
+                }
+            }
         }
         self.flush(h);
     }
@@ -1180,6 +1418,26 @@ impl World {
 
     fn reg_message(&mut self, i: usize, id: u64, service: Service, bytes: &[u8]) {
         let now = self.local(HostId::Registrar(i));
+        if service == Service::Enrp && self.cfg.mutation == Some(Mutation::BlindTakeoverAcks) {
+            // The defect: INIT_TAKEOVER acked unread, TAKEOVER_SERVER dropped.
+            match self.codec.decode::<EnrpMessage>(bytes).map(|d| d.message) {
+                Ok(EnrpMessage::InitTakeover(t)) => {
+                    let ack = EnrpMessage::InitTakeoverAck(rserpool_wire::enrp::Takeover {
+                        peers: rserpool_wire::enrp::Peers {
+                            sender: self.regs[i].id,
+                            receiver: t.peers.sender,
+                        },
+                        target: t.target,
+                    });
+                    if let Ok(b) = self.codec.encode(&ack) {
+                        self.send(id, HostId::Registrar(i), &b);
+                    }
+                    return;
+                }
+                Ok(EnrpMessage::TakeoverServer(_)) => return,
+                _ => {}
+            }
+        }
         if let Some(c) = self.regs[i].core.as_mut() {
             let (reg, enrp) = &mut **c;
             match service {
@@ -1190,13 +1448,42 @@ impl World {
                 Service::Enrp => {
                     enrp.message(now, reg, Source::Association(AssociationId(id)), bytes)
                 }
+                Service::Session => {}
             }
         }
         self.flush(HostId::Registrar(i));
     }
 
-    fn pe_message(&mut self, j: usize, id: u64, bytes: &[u8]) {
+    fn pe_message(&mut self, j: usize, id: u64, service: Service, bytes: &[u8]) {
         let now = self.local(HostId::PoolElement(j));
+        if service == Service::Session {
+            // RFC 5352 §3.8: after a failover the cookie comes before any data.
+            if let Some(cookie) = self.expect_echo.remove(&id) {
+                let echoed = matches!(
+                    unframe(bytes),
+                    Some((11, m)) if matches!(
+                        self.codec.decode::<AsapMessage>(m).map(|d| d.message),
+                        Ok(AsapMessage::CookieEcho(c)) if c.cookie == cookie
+                    )
+                );
+                if !echoed {
+                    let what = self.describe(Service::Session, bytes);
+                    let msg = format!(
+                        "PE{j}: the first message on session association #{id}, bound with a cookie, is {what}, not the COOKIE_ECHO of that cookie"
+                    );
+                    self.fail("cookie_echo_first", msg);
+                    return;
+                }
+            }
+            let p = &mut self.pes[j];
+            if let (Some(server), Some((ppid, m))) = (p.server.as_mut(), unframe(bytes)) {
+                if p.sessions.contains(&id) {
+                    server.message(Now::from_monotonic(now), id, ppid, 0, m);
+                }
+            }
+            self.flush(HostId::PoolElement(j));
+            return;
+        }
         let mutated = self.cfg.mutation == Some(Mutation::SilentPoolElements);
         let p = &mut self.pes[j];
         if let Some(c) = p.core.as_mut() {
@@ -1215,8 +1502,17 @@ impl World {
         self.flush(HostId::PoolElement(j));
     }
 
-    fn pu_message(&mut self, k: usize, id: u64, bytes: &[u8]) {
+    fn pu_message(&mut self, k: usize, id: u64, service: Service, bytes: &[u8]) {
         let now = self.local(HostId::PoolUser(k));
+        if service == Service::Session {
+            if let (Some(n), Some((ppid, m))) = (self.session_of(k, id), unframe(bytes)) {
+                let s = self.pus[k].sessions[n].as_mut().expect("present");
+                s.core.message(now, ppid, 0, m);
+                self.pump_session(k, n);
+            }
+            self.flush(HostId::PoolUser(k));
+            return;
+        }
         if self.pus[k].assoc == Some(id) {
             self.pus[k].resolver.message(now, bytes);
         }
@@ -1240,8 +1536,26 @@ impl World {
                     .flatten()
                     .min()
             }),
-            HostId::PoolElement(j) => self.pes[j].core.as_ref().and_then(|c| c.poll_timeout()),
-            HostId::PoolUser(k) => self.pus[k].resolver.poll_timeout(),
+            HostId::PoolElement(j) => {
+                let p = &self.pes[j];
+                [
+                    p.core.as_ref().and_then(|c| c.poll_timeout()),
+                    p.server.as_ref().and_then(|s| s.poll_timeout()),
+                ]
+                .into_iter()
+                .flatten()
+                .min()
+            }
+            HostId::PoolUser(k) => {
+                let p = &self.pus[k];
+                p.sessions
+                    .iter()
+                    .flatten()
+                    .flat_map(|s| [s.core.poll_timeout(), s.client.poll_timeout()])
+                    .chain([p.resolver.poll_timeout()])
+                    .flatten()
+                    .min()
+            }
         };
         let next = next.map(|t| self.global_of(h, t));
         let armed = match h {
@@ -1265,6 +1579,7 @@ impl World {
         let mut asap_out = Vec::new();
         let mut won = Vec::new();
         let mut reported_away = Vec::new();
+        let mut probed = Vec::new();
         {
             let Some(c) = self.regs[i].core.as_mut() else {
                 return;
@@ -1301,6 +1616,9 @@ impl World {
                 {
                     reported_away.push((pool_handle.clone(), *pe_id));
                 }
+                if let RegistrarEvent::UnreachableProbe { pe_id, .. } = &e {
+                    probed.push(*pe_id);
+                }
                 if self.trace.is_some() {
                     let line = format!("{h}: {e:?}");
                     if let Some(t) = self.trace.as_mut() {
@@ -1315,6 +1633,9 @@ impl World {
         }
         for target in won {
             self.takeover_won(i, target);
+        }
+        for pe in probed {
+            self.last_probed.insert(pe, self.now);
         }
         for (pool, pe) in reported_away {
             self.removed_by_reports(i, &pool, pe);
@@ -1366,6 +1687,7 @@ impl World {
     fn flush_pe(&mut self, j: usize) {
         let h = HostId::PoolElement(j);
         let now = self.now;
+        self.flush_server(j);
         loop {
             let mut connects = Vec::new();
             let mut events = Vec::new();
@@ -1414,23 +1736,40 @@ impl World {
             let c = self.pes[j].core.as_mut().expect("present");
             std::iter::from_fn(|| c.poll_transmit()).collect()
         };
+        let lose_acks = self.cfg.mutation == Some(Mutation::LostProbeAnswers)
+            && self
+                .last_probed
+                .get(&self.pes[j].id)
+                .is_some_and(|&t| self.now < t + Duration::from_secs(2));
         if let Some(a) = self.pes[j].home {
             for b in out {
+                if lose_acks
+                    && matches!(
+                        self.codec.decode::<AsapMessage>(&b).map(|d| d.message),
+                        Ok(AsapMessage::EndpointKeepAliveAck(_))
+                    )
+                {
+                    continue;
+                }
                 self.send(a, h, &b);
             }
         }
         // A PE that leaves is done once its deregistration is answered or timed out.
         let p = &mut self.pes[j];
-        if p.leaving && p.core.as_ref().is_some_and(|c| c.poll_timeout().is_none()) {
+        if p.leaving && p.core.as_ref().is_some_and(|c| c.is_done()) {
             p.leaving = false;
             p.left = true;
             p.core = None;
             p.ended_at = Some(now);
+            // Its PingPong service stops with it: sessions are aborted, their users fail over.
+            p.server = None;
+            let sessions: Vec<u64> = std::mem::take(&mut p.sessions).into_iter().collect();
             let ids: Vec<u64> = p
                 .home
                 .take()
                 .into_iter()
                 .chain(p.others.drain(..))
+                .chain(sessions)
                 .collect();
             for id in ids {
                 self.close(id, h);
@@ -1441,9 +1780,419 @@ impl World {
         }
     }
 
+    /// What the PE's session side asked for: messages on session associations, closes, and
+    /// its reports (a cookie echo it refused breaks `cookie_accepted`).
+    fn flush_server(&mut self, j: usize) {
+        let h = HostId::PoolElement(j);
+        loop {
+            let Some(server) = self.pes[j].server.as_mut() else {
+                return;
+            };
+            let actions: Vec<ServerAction> = std::iter::from_fn(|| server.poll_action()).collect();
+            let events: Vec<ServerEvent> = std::iter::from_fn(|| server.poll_event()).collect();
+            if actions.is_empty() && events.is_empty() {
+                return;
+            }
+            for e in events {
+                if let ServerEvent::CookieEcho {
+                    session, result, ..
+                } = &e
+                {
+                    self.stats.cookie_echoes += 1;
+                    if let Err(why) = result {
+                        let msg = format!(
+                            "PE{j} refused the cookie echoed on session association #{session}: {why}"
+                        );
+                        self.fail("cookie_accepted", msg);
+                    }
+                }
+                if !matches!(e, ServerEvent::Report(_)) {
+                    self.note(|| format!("{h}: {e:?}"));
+                }
+            }
+            for a in actions {
+                match a {
+                    ServerAction::Transmit {
+                        session,
+                        ppid,
+                        data,
+                        ..
+                    } => {
+                        let bytes = frame(ppid, &data);
+                        self.send(session, h, &bytes);
+                        if self.cfg.mutation == Some(Mutation::DuplicatedSessionMessages) {
+                            self.send(session, h, &bytes);
+                        }
+                    }
+                    ServerAction::Close(session) | ServerAction::Abort(session) => {
+                        self.pes[j].sessions.remove(&session);
+                        self.close(session, h);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The slot of PU k's session that uses association `id`.
+    fn session_of(&self, k: usize, id: u64) -> Option<usize> {
+        self.pus[k]
+            .sessions
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.assoc == Some(id)))
+    }
+
+    /// Starts a PingPong session in slot n of PU k.
+    fn start_session(&mut self, k: usize, n: usize) {
+        if self.pus[k].sessions[n].is_some() {
+            return;
+        }
+        let pool = self.pools[self.rng.random_range(0..self.pools.len())].clone();
+        let count = self.rng.random_range(5..60);
+        let mut config = SessionConfig::new(pool);
+        // The PingPong client resends what is unanswered after each failover.
+        config.application_resends = true;
+        let client = PingPongClient::new(PingPongClientConfig {
+            interval: Duration::from_millis(500),
+            reply_timeout: Duration::from_secs(5),
+            count: Some(count),
+            ..PingPongClientConfig::default()
+        });
+        self.next_session += 1;
+        let no = self.next_session;
+        let (global, now) = (self.now, self.local(HostId::PoolUser(k)));
+        let mut core = PoolUserSession::new(config);
+        core.open(now);
+        self.stats.sessions += 1;
+        self.note(|| format!("PU{k}: session S{no} opens ({count} pings)"));
+        self.pus[k].sessions[n] = Some(SimSession {
+            no,
+            core,
+            client,
+            assoc: None,
+            failovers_seen: 0,
+            held: None,
+            sent_on_assoc: 0,
+            sent: BTreeMap::new(),
+            answered: BTreeSet::new(),
+            moving_since: Some(global),
+            last_progress: global,
+        });
+        self.pump_session(k, n);
+        self.flush(HostId::PoolUser(k));
+    }
+
+    /// Runs what session n of PU k and its PingPong client ask for until neither asks more,
+    /// checking `cookie_echo_first`, `ping_answered_once`, `session_ends_with_cause`.
+    fn pump_session(&mut self, k: usize, n: usize) {
+        let h = HostId::PoolUser(k);
+        let (global, now) = (self.now, self.local(h));
+        loop {
+            let Some(s) = self.pus[k].sessions[n].as_mut() else {
+                return;
+            };
+            let no = s.no;
+            // One item at a time, the client's outputs first: what the client asks for is
+            // handed to the core before the core's next report reaches the client, as an
+            // application that reacts to each event does.
+            let (mut outputs, mut actions, mut events) = (Vec::new(), Vec::new(), Vec::new());
+            if let Some(o) = s.client.poll_output() {
+                outputs.push(o);
+            } else if let Some(a) = s.core.poll_action() {
+                actions.push(a);
+            } else if let Some(e) = s.core.poll_event() {
+                events.push(e);
+            } else {
+                return;
+            }
+            for a in actions {
+                match a {
+                    SessionAction::Resolve(pool) => {
+                        let p = &mut self.pus[k];
+                        let r = p.resolver.resolve(now, pool.clone());
+                        p.outstanding.insert(r, (pool, global));
+                        p.session_requests.insert(r, n);
+                        if p.assoc.is_none() && p.connecting.is_none() {
+                            self.pu_connect(k);
+                        }
+                    }
+                    SessionAction::Connect(pe) => {
+                        let addrs: Vec<SocketAddr> = pe
+                            .user_transport
+                            .as_address()
+                            .map(|t| {
+                                t.addresses
+                                    .iter()
+                                    .map(|ip| SocketAddr::new(*ip, t.port))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let old = self.pus[k].sessions[n]
+                            .as_mut()
+                            .and_then(|s| s.assoc.take());
+                        if let Some(old) = old {
+                            self.close(old, h);
+                        }
+                        let id = self.connect(h, Service::Session, &addrs);
+                        self.note(|| format!("{h}: S{no} connects to {} (#{id})", pe.id));
+                        if let Some(s) = self.pus[k].sessions[n].as_mut() {
+                            s.assoc = Some(id);
+                        }
+                    }
+                    SessionAction::Abort | SessionAction::Close => {
+                        let old = self.pus[k].sessions[n]
+                            .as_mut()
+                            .and_then(|s| s.assoc.take());
+                        if let Some(old) = old {
+                            self.close(old, h);
+                        }
+                    }
+                    SessionAction::Transmit { ppid, data, .. } => {
+                        let Some(s) = self.pus[k].sessions[n].as_mut() else {
+                            continue;
+                        };
+                        let Some(assoc) = s.assoc else { continue };
+                        s.sent_on_assoc += 1;
+                        let bytes = frame(ppid, &data);
+                        if self.cfg.mutation == Some(Mutation::ReorderedSessionStart)
+                            && self.expect_echo.contains_key(&assoc)
+                        {
+                            // The defect: the first message waits for the second.
+                            if s.sent_on_assoc == 1 {
+                                s.held = Some(bytes);
+                                continue;
+                            }
+                            let held = s.held.take();
+                            self.send(assoc, h, &bytes);
+                            if let Some(b) = held {
+                                self.send(assoc, h, &b);
+                            }
+                            continue;
+                        }
+                        self.send(assoc, h, &bytes);
+                    }
+                    SessionAction::ReportUnreachable(pool, pe) => {
+                        self.stats.unreachable_reports += 1;
+                        self.pus[k].resolver.report_unreachable(&pool, pe);
+                    }
+                }
+            }
+            for e in events {
+                self.note(|| format!("{h}: S{no} {e:?}"));
+                let Some(s) = self.pus[k].sessions[n].as_mut() else {
+                    break;
+                };
+                match e {
+                    SessionEvent::Opened { .. } => {
+                        s.moving_since = None;
+                        s.last_progress = global;
+                        s.client.start(Now::from_monotonic(now));
+                    }
+                    SessionEvent::Data { ppid, stream, data } => {
+                        // A bad answer is the client's to judge (it fails over).
+                        let _ =
+                            s.client
+                                .handle_message(Now::from_monotonic(now), ppid, stream, &data);
+                    }
+                    SessionEvent::FailoverStarted { .. } => {
+                        s.moving_since = Some(global);
+                    }
+                    SessionEvent::Failover(record) => {
+                        s.moving_since = None;
+                        s.last_progress = global;
+                        s.failovers_seen += 1;
+                        self.stats.failovers += 1;
+                        if record.with_cookie {
+                            self.stats.failovers_with_cookie += 1;
+                        }
+                        let s = self.pus[k].sessions[n].as_mut().expect("present");
+                        s.client
+                            .failover_complete(Now::from_monotonic(now), record.with_cookie);
+                    }
+                    SessionEvent::Failed { reason } => {
+                        self.stats.sessions_failed += 1;
+                        let s = self.pus[k].sessions[n].take().expect("present");
+                        let recorded = matches!(
+                            &s.core.receipt().outcome,
+                            Some(SessionOutcome::Failed { reason: r }) if *r == reason
+                        );
+                        if reason.is_empty() || !recorded || !s.core.is_ended() {
+                            let msg = format!(
+                                "PU{k} session S{no} gave up with cause {reason:?}, receipt outcome {:?}, ended {}",
+                                s.core.receipt().outcome,
+                                s.core.is_ended()
+                            );
+                            self.fail("session_ends_with_cause", msg);
+                            return;
+                        }
+                        if let Some(a) = s.assoc {
+                            self.close(a, h);
+                        }
+                        self.session_over(k, n);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+            for o in outputs {
+                let Some(s) = self.pus[k].sessions[n].as_mut() else {
+                    break;
+                };
+                match o {
+                    ClientOutput::Send { ppid, stream, data } => {
+                        // Refused while failing over: the client resends after the failover.
+                        let _ = s.core.send_seen(now, s.failovers_seen, ppid, stream, data);
+                    }
+                    ClientOutput::ClearCookie => s.core.clear_cookie(),
+                    ClientOutput::Failover(reason) => {
+                        let reason = match reason {
+                            rserpool_services::FailoverReason::Rejected => FailoverReason::Rejected,
+                            rserpool_services::FailoverReason::ProtocolError => {
+                                FailoverReason::ProtocolError("bad PingPong answer".into())
+                            }
+                            _ => FailoverReason::NoAnswer,
+                        };
+                        s.core.failover_because(now, reason);
+                    }
+                    ClientOutput::Report(ClientReport::PingSent { message_no, resent }) => {
+                        s.sent.insert(message_no, global);
+                        s.last_progress = global;
+                        if !resent {
+                            self.stats.pings += 1;
+                        }
+                    }
+                    ClientOutput::Report(ClientReport::Pong { message_no, .. }) => {
+                        if !s.sent.contains_key(&message_no) || !s.answered.insert(message_no) {
+                            let msg = format!(
+                                "PU{k} session S{no}: Ping {message_no} answered twice or never sent"
+                            );
+                            self.fail("ping_answered_once", msg);
+                            return;
+                        }
+                        self.stats.pongs += 1;
+                        if let Some(s) = self.pus[k].sessions[n].as_mut() {
+                            s.last_progress = global;
+                        }
+                    }
+                    ClientOutput::Report(ClientReport::DuplicatePong { message_no }) => {
+                        let msg =
+                            format!("PU{k} session S{no}: a second Pong for Ping {message_no}");
+                        self.fail("ping_answered_once", msg);
+                        return;
+                    }
+                    ClientOutput::Finished => {
+                        let s = self.pus[k].sessions[n].take().expect("present");
+                        let unanswered: Vec<u64> = s
+                            .sent
+                            .keys()
+                            .filter(|m| !s.answered.contains(m))
+                            .copied()
+                            .collect();
+                        if !unanswered.is_empty() {
+                            let msg = format!(
+                                "PU{k} session S{no} finished with Pings {unanswered:?} unanswered"
+                            );
+                            self.fail("ping_answered_once", msg);
+                            return;
+                        }
+                        let mut s = s;
+                        s.core.close(now);
+                        while let Some(a) = s.core.poll_action() {
+                            if matches!(a, SessionAction::Close | SessionAction::Abort) {
+                                if let Some(a) = s.assoc.take() {
+                                    self.close(a, h);
+                                }
+                            }
+                        }
+                        if let Some(a) = s.assoc.take() {
+                            self.close(a, h);
+                        }
+                        self.stats.sessions_finished += 1;
+                        self.note(|| format!("{h}: S{no} finished"));
+                        self.session_over(k, n);
+                        return;
+                    }
+                    ClientOutput::Report(_) => {}
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Session slot n of PU k is free: a new session starts there a little later.
+    fn session_over(&mut self, k: usize, n: usize) {
+        let r: Vec<RequestId> = self.pus[k]
+            .session_requests
+            .iter()
+            .filter(|(_, &slot)| slot == n)
+            .map(|(r, _)| *r)
+            .collect();
+        for r in r {
+            self.pus[k].session_requests.remove(&r);
+        }
+        let back = self.exp(Duration::from_secs(3));
+        self.schedule(self.now + back, Ev::SessionStart(k, n));
+    }
+
+    /// Every live session makes progress: bound with no Ping older than the reply timeout (the
+    /// client fails over then), or without a PE for less than [`SESSION_MOVE_BOUND`].
+    fn audit_sessions(&mut self) {
+        self.stats.checks += 1;
+        let now = self.now;
+        let mut broken = None;
+        'all: for (k, p) in self.pus.iter().enumerate() {
+            for s in p.sessions.iter().flatten() {
+                if let Some(since) = s.moving_since {
+                    if now > since + SESSION_MOVE_BOUND {
+                        let msg = format!(
+                            "PU{k} session S{} has had no PE since {since:?} ({:?})",
+                            s.no,
+                            s.core.receipt()
+                        );
+                        broken = Some(msg);
+                        break 'all;
+                    }
+                } else if s.core.is_bound() {
+                    let bound =
+                        PingPongClientConfig::default().reply_timeout.mul_f64(1.05) + PING_SLACK;
+                    if now > s.last_progress + bound {
+                        let msg = format!(
+                            "PU{k} session S{}: bound to {:?}, nothing sent or answered since {:?} (now {now:?})",
+                            s.no,
+                            s.core.current_pe(),
+                            s.last_progress
+                        );
+                        broken = Some(msg);
+                        break 'all;
+                    }
+                    if let Some((m, t)) = s
+                        .client
+                        .outstanding()
+                        .filter_map(|m| s.sent.get(&m).map(|t| (m, *t)))
+                        .find(|(_, t)| now > *t + bound)
+                    {
+                        let msg = format!(
+                            "PU{k} session S{}: Ping {m} sent at {t:?} to {:?} is neither answered nor failed over by {now:?}",
+                            s.no,
+                            s.core.current_pe()
+                        );
+                        broken = Some(msg);
+                        break 'all;
+                    }
+                }
+            }
+        }
+        if let Some(msg) = broken {
+            self.fail("session_progress", msg);
+            return;
+        }
+        self.schedule(now + Duration::from_secs(1), Ev::SessionAudit);
+    }
+
     fn flush_pu(&mut self, k: usize) {
         let h = HostId::PoolUser(k);
         let mut to_report = Vec::new();
+        type Resolved = Result<(Vec<rserpool_wire::PoolElement>, Option<PoolPolicy>), String>;
+        let mut for_sessions: Vec<(usize, Resolved)> = Vec::new();
         let out: Vec<Vec<u8>> =
             std::iter::from_fn(|| self.pus[k].resolver.poll_transmit()).collect();
         if let Some(a) = self.pus[k].assoc {
@@ -1471,9 +2220,22 @@ impl World {
                         return;
                     }
                     self.stats.resolutions += 1;
+                    let session = self.pus[k].session_requests.remove(request);
+                    if let Some(n) = session {
+                        // A session's resolution: the session tries the PEs itself.
+                        for_sessions.push((
+                            n,
+                            Ok((resolution.pool_elements.clone(), resolution.policy.clone())),
+                        ));
+                    }
                     // The PU tries the PEs it got: a dead one is reported unreachable, and now
                     // and then a live one too (a mistaken or lying pool user).
-                    for pe in &resolution.pool_elements {
+                    let tried = if session.is_some() {
+                        &[][..]
+                    } else {
+                        &resolution.pool_elements[..]
+                    };
+                    for pe in tried {
                         let dead = self
                             .pe_by_id
                             .get(&pe.id)
@@ -1489,9 +2251,12 @@ impl World {
                 ResolverEvent::Failed {
                     request,
                     pool_handle,
-                    ..
+                    error,
                 } => {
                     self.stats.resolutions_failed += 1;
+                    if let Some(n) = self.pus[k].session_requests.remove(request) {
+                        for_sessions.push((n, Err(error.to_string())));
+                    }
                     (*request, pool_handle.clone())
                 }
                 ResolverEvent::ProtocolError(_) => continue,
@@ -1514,8 +2279,13 @@ impl World {
                 }
             }
         }
-        if to_report.is_empty() {
-            return;
+        let again = !for_sessions.is_empty();
+        let now = self.local(h);
+        for (n, r) in for_sessions {
+            if let Some(s) = self.pus[k].sessions[n].as_mut() {
+                s.core.resolved(now, r);
+                self.pump_session(k, n);
+            }
         }
         for (pool, pe) in &to_report {
             self.stats.unreachable_reports += 1;
@@ -1527,6 +2297,10 @@ impl World {
             for b in out {
                 self.send(a, h, &b);
             }
+        }
+        if again {
+            // The sessions may have asked again (a cached answer comes at once).
+            self.flush_pu(k);
         }
     }
 
@@ -1599,7 +2373,15 @@ impl World {
         }
         let mut core = PoolElementCore::new(pc, &mut self.rng);
         core.start(now);
+        let failure_after = self.cfg.pingpong_failure_after;
         let p = &mut self.pes[j];
+        p.server = Some(SessionServer::new(
+            ServerConfig::default(),
+            Box::new(PingPongServer::new(PingPongServerConfig {
+                failure_after,
+                ..PingPongServerConfig::default()
+            })),
+        ));
         p.core = Some(core);
         p.alive = true;
         p.home = None;
@@ -1672,6 +2454,8 @@ impl World {
                 p.others.clear();
                 p.leaving = false;
                 p.armed = None;
+                p.server = None;
+                p.sessions.clear();
                 if !p.left {
                     p.ended_at = Some(self.now);
                 }
@@ -2175,6 +2959,20 @@ impl World {
             }
         }
     }
+}
+
+/// A message on a session association: its PPID, then the payload.
+fn frame(ppid: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + data.len());
+    v.extend_from_slice(&ppid.to_be_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// The PPID and payload of a session message.
+fn unframe(bytes: &[u8]) -> Option<(u32, &[u8])> {
+    let (p, rest) = bytes.split_first_chunk::<4>()?;
+    Some((u32::from_be_bytes(*p), rest))
 }
 
 #[cfg(test)]

@@ -2,17 +2,29 @@
 //! `SIM_FIRST=S`), replay of one seed (`SIM_SEED=S`), determinism, and proof that the checker
 //! catches deliberate defects.
 
-use rserpool_sim::{run, Faults, Mutation, Outcome, SimConfig};
+use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, Outcome, SimConfig};
 
-/// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 20 s in a debug build on two
-/// loaded cores).
-const DEFAULT_SEEDS: u64 = 48;
+/// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 30 s of CPU in a debug build,
+/// sessions included).
+const DEFAULT_SEEDS: u64 = 64;
+
+/// Gateway seeds run by `cargo test` when `SIM_GATEWAY_SEEDS` is not set (a few seconds).
+const DEFAULT_GATEWAY_SEEDS: u64 = 60;
 
 /// Seeds that once broke an invariant, run on every test (docs/simulation.md says what each
-/// found).
+/// found). They were found before sessions were simulated and run without them, as they ran
+/// then (`sessions_per_pu = 0` leaves every other draw of a seed as it was).
 const REGRESSION_SEEDS: &[u64] = &[
     0, 1, 3, 4, 6, 16, 24, 41, 48, 74, 102309, 102815, 300380, 501095, 501885,
 ];
+
+/// A seed as it ran before sessions were simulated.
+fn without_sessions(seed: u64) -> SimConfig {
+    let mut cfg = SimConfig::from_seed(seed);
+    cfg.sessions_per_pu = 0;
+    cfg.pingpong_failure_after = 0;
+    cfg
+}
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
@@ -55,7 +67,7 @@ fn seed_set() {
 fn regression_seeds() {
     let outcomes: Vec<Outcome> = REGRESSION_SEEDS
         .iter()
-        .map(|&s| run(SimConfig::from_seed(s)))
+        .map(|&s| run(without_sessions(s)))
         .collect();
     report(&outcomes);
 }
@@ -138,4 +150,165 @@ fn the_checker_catches_silent_pool_elements() {
         ),
         "{f}"
     );
+}
+
+/// A seed without sessions is the run it was before sessions were simulated: the same trace
+/// hash as then (so the regression seeds still replay what they found).
+#[test]
+fn a_seed_without_sessions_runs_as_before_sessions_existed() {
+    assert_eq!(run(without_sessions(7)).trace_hash, 0xd876_de8d_98a7_f26f);
+    assert_eq!(
+        run(without_sessions(300380)).trace_hash,
+        0x9062_60e0_e108_804a
+    );
+}
+
+/// Registrars that ack every INIT_TAKEOVER unread and never hear of a winner all win the
+/// takeover of a dead peer: the checker must report `takeover_unique`. The same seed without
+/// the defect passes.
+#[test]
+fn the_checker_catches_two_winners_of_one_takeover() {
+    let config = |mutation| {
+        let mut cfg = without_sessions(3);
+        cfg.faults = Faults {
+            mean_interval: cfg.faults.mean_interval,
+            ..Faults::parse("registrar").unwrap()
+        };
+        cfg.mutation = mutation;
+        cfg
+    };
+    let f = run(config(Some(Mutation::BlindTakeoverAcks)))
+        .failure
+        .expect("two winners of one takeover went unnoticed");
+    assert_eq!(f.invariant, "takeover_unique", "{f}");
+    let o = run(config(None));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+}
+
+/// A transport that loses exactly the answers to the probes that unreachable reports trigger
+/// makes registrars remove live PEs on reports: the checker must report
+/// `reports_remove_only_dead`. The same seed without the defect passes.
+#[test]
+fn the_checker_catches_a_live_pool_element_removed_on_reports() {
+    let config = |mutation| {
+        let mut cfg = without_sessions(5);
+        cfg.faults = Faults {
+            mean_interval: cfg.faults.mean_interval,
+            ..Faults::none()
+        };
+        cfg.mutation = mutation;
+        cfg
+    };
+    let f = run(config(Some(Mutation::LostProbeAnswers)))
+        .failure
+        .expect("a live PE removed on reports went unnoticed");
+    assert_eq!(f.invariant, "reports_remove_only_dead", "{f}");
+    let o = run(config(None));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+}
+
+/// Sessions over a network without faults whose PEs abort a session every 10 replies: every
+/// failover echoes the cookie first, every Ping is answered once, sessions finish.
+fn sessions_only(seed: u64, mutation: Option<Mutation>) -> SimConfig {
+    let mut cfg = SimConfig::from_seed(seed);
+    cfg.faults = Faults::none();
+    cfg.churn = None;
+    cfg.link.loss = 0.0;
+    cfg.sessions_per_pu = 1;
+    cfg.pingpong_failure_after = 10;
+    cfg.mutation = mutation;
+    cfg
+}
+
+#[test]
+fn sessions_fail_over_with_their_cookies() {
+    let o = run(sessions_only(3, None));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    let s = &o.stats;
+    assert!(s.sessions_finished > 0, "{s}");
+    assert!(s.failovers_with_cookie > 0, "{s}");
+    assert!(s.cookie_echoes >= s.failovers_with_cookie, "{s}");
+    assert!(s.pongs > 0 && s.pongs <= s.pings, "{s}");
+}
+
+/// A transport that swaps the first two messages of a session after a failover delivers data
+/// before the cookie echo: the checker must report `cookie_echo_first`.
+#[test]
+fn the_checker_catches_data_before_the_cookie_echo() {
+    let f = run(sessions_only(3, Some(Mutation::ReorderedSessionStart)))
+        .failure
+        .expect("data before the cookie echo went unnoticed");
+    assert_eq!(f.invariant, "cookie_echo_first", "{f}");
+}
+
+/// A transport that duplicates the PE's messages answers a Ping twice: the checker must report
+/// `ping_answered_once`.
+#[test]
+fn the_checker_catches_a_ping_answered_twice() {
+    let f = run(sessions_only(3, Some(Mutation::DuplicatedSessionMessages)))
+        .failure
+        .expect("a Ping answered twice went unnoticed");
+    assert_eq!(f.invariant, "ping_answered_once", "{f}");
+}
+
+/// The LSNAT gateway core's world: a seed set (more with `SIM_GATEWAY_SEEDS=N` from
+/// `SIM_FIRST`), none may break an invariant; sessions are opened, closed, lost and refused.
+#[test]
+fn gateway_seed_set() {
+    let first = env_u64("SIM_FIRST").unwrap_or(1000);
+    let n = env_u64("SIM_GATEWAY_SEEDS").unwrap_or(DEFAULT_GATEWAY_SEEDS);
+    let outcomes: Vec<Outcome> = (first..first + n)
+        .map(|s| run_gateway(GatewayConfig::from_seed(s)))
+        .collect();
+    let mut total = rserpool_sim::Stats::default();
+    for o in &outcomes {
+        total.add(&o.stats);
+    }
+    report(&outcomes);
+    assert!(
+        total.gw_closed > 0 && total.gw_member_lost > 0 && total.gw_refused > 0,
+        "the gateway seeds exercise too little: {total}"
+    );
+}
+
+/// Gateway seeds that once broke an invariant (docs/simulation.md says what they found).
+const GATEWAY_REGRESSION_SEEDS: &[u64] = &[322, 570, 906, 1313];
+
+#[test]
+fn gateway_regression_seeds() {
+    let outcomes: Vec<Outcome> = GATEWAY_REGRESSION_SEEDS
+        .iter()
+        .map(|&s| run_gateway(GatewayConfig::from_seed(s)))
+        .collect();
+    report(&outcomes);
+}
+
+/// A gateway seed replays exactly, and another seed is another run.
+#[test]
+fn a_gateway_seed_replays_exactly() {
+    let a = run_gateway(GatewayConfig::from_seed(7));
+    let b = run_gateway(GatewayConfig::from_seed(7));
+    assert_eq!(a.trace_hash, b.trace_hash);
+    assert_eq!(a.stats, b.stats);
+    let mut traced = GatewayConfig::from_seed(7);
+    traced.trace = true;
+    assert_eq!(run_gateway(traced).trace_hash, a.trace_hash);
+    assert_ne!(
+        run_gateway(GatewayConfig::from_seed(8)).trace_hash,
+        a.trace_hash
+    );
+}
+
+/// A data plane that reports the connections of a crashed member as closed in order: the
+/// checker must report `gateway_member_lost`. The same seed without the defect passes.
+#[test]
+fn the_checker_catches_a_dead_members_session_reported_closed() {
+    let mut cfg = GatewayConfig::from_seed(3);
+    cfg.mutation = Some(Mutation::GatewayFinFromDeadMember);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a dead member's session reported closed went unnoticed");
+    assert_eq!(f.invariant, "gateway_member_lost", "{f}");
+    let o = run_gateway(GatewayConfig::from_seed(3));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
 }

@@ -169,6 +169,7 @@ impl PoolElementHandle {
             let mut assoc: Option<AssociationId> = None;
             let mut pending: Option<AssociationId> = None;
             let mut others: Vec<AssociationId> = Vec::new();
+            let mut leaving: Option<oneshot::Sender<()>> = None;
             core.start(now());
             'outer: loop {
                 while let Some(addrs) = core.poll_connect() {
@@ -224,6 +225,10 @@ impl PoolElementHandle {
                             tracing::warn!(error = %e, "registrar protocol error")
                         }
                         PeEvent::Deregistered => st.registered = false,
+                        PeEvent::DeregistrationTimedOut => {
+                            tracing::warn!("the registrar did not confirm the deregistration");
+                            st.registered = false;
+                        }
                     }
                 }
                 if let Some(a) = assoc {
@@ -235,6 +240,17 @@ impl PoolElementHandle {
                     st.home = core.home_registrar();
                 }
                 let _ = status_tx.send(st.clone());
+                // Leaving: the core decides when the wait for the deregistration response is
+                // over (answered, timed out, association gone).
+                if leaving.is_some() && core.is_done() {
+                    if let Some(a) = assoc.take() {
+                        let _ = handle.close(a).await;
+                    }
+                    if let Some(done) = leaving.take() {
+                        let _ = done.send(());
+                    }
+                    break 'outer;
+                }
                 let deadline = core
                     .poll_timeout()
                     .map(|d| epoch + d)
@@ -251,25 +267,10 @@ impl PoolElementHandle {
                     cmd = rx.recv() => match cmd {
                         Some(PeCommand::SetPolicy(p)) => core.set_policy(now(), p),
                         Some(PeCommand::Deregister(done)) => {
-                            core.deregister(now());
-                            if let Some(a) = assoc {
-                                send_all(&handle, a, || core.poll_transmit()).await;
-                                // Wait for the answer (or the response timeout).
-                                let until = Instant::now() + Duration::from_secs(3);
-                                while let Ok(Some(ev)) = tokio::time::timeout_at(until, endpoint.next_event()).await {
-                                    if let Event::Message { id, data, .. } = ev {
-                                        if id == a {
-                                            core.message(now(), &data);
-                                            if std::iter::from_fn(|| core.poll_event()).any(|e| e == PeEvent::Deregistered) {
-                                                break;
-                                            }
-                                        }
-                                    }
-                                }
-                                let _ = handle.close(a).await;
+                            if leaving.is_none() {
+                                core.deregister(now());
+                                leaving = Some(done);
                             }
-                            let _ = done.send(());
-                            break 'outer;
                         }
                         Some(PeCommand::Abort(done)) => {
                             if let Some(a) = assoc {

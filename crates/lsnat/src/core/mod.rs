@@ -1135,10 +1135,18 @@ impl Gateway {
         };
         *m.counters.evidence.entry(ev.name()).or_default() += 1;
         let copy = ev.clone();
-        let Some(t) = m.liveness.observe(now, ev, &params) else {
-            return;
-        };
-        self.transitioned(now, member, t, &copy.to_string());
+        let was_dead = m.liveness.health == Health::Dead;
+        match m.liveness.observe(now, ev, &params) {
+            Some(t) => self.transitioned(now, member, t, &copy.to_string()),
+            None if was_dead && copy.is_failure() && self.cfg.health.close_sessions_on_dead => {
+                // A member already judged dead can still hold sessions: those bound to it in
+                // panic mode, or connecting when it died. New evidence that it is failing ends
+                // them as the transition to dead would have.
+                let key = m.spec.key.clone();
+                self.lose_sessions(now, member, &format!("member {key} still dead: {copy}"));
+            }
+            None => {}
+        }
     }
 
     fn transitioned(&mut self, now: Time, member: MemberId, t: member::Transition, why: &str) {
@@ -1153,27 +1161,33 @@ impl Gateway {
             tracing::info!(member = %key, from = t.from.name(), to = t.to.name(), evidence = why, "member liveness changed");
         }
         if t.to == Health::Dead && self.cfg.health.close_sessions_on_dead {
-            let mut lost: Vec<SessionId> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| {
-                    s.member == member
-                        && s.receipt.outcome.is_none()
-                        && s.state != SessionState::Connecting
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            lost.sort();
-            for id in lost {
-                let outcome = Outcome::MemberLost {
-                    reason: format!("member {key} judged dead: {why}"),
-                };
-                self.finish(now, id, outcome.clone(), true);
-                self.actions.push(Action::Close {
-                    session: id,
-                    outcome,
-                });
-            }
+            self.lose_sessions(now, member, &format!("member {key} judged dead: {why}"));
+        }
+    }
+
+    /// Ends the sessions bound (not connecting) to `member` as member lost, and asks the data
+    /// plane to close them.
+    fn lose_sessions(&mut self, now: Time, member: MemberId, reason: &str) {
+        let mut lost: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.member == member
+                    && s.receipt.outcome.is_none()
+                    && s.state != SessionState::Connecting
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        lost.sort();
+        for id in lost {
+            let outcome = Outcome::MemberLost {
+                reason: reason.to_string(),
+            };
+            self.finish(now, id, outcome.clone(), true);
+            self.actions.push(Action::Close {
+                session: id,
+                outcome,
+            });
         }
     }
 

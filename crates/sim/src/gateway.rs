@@ -1,0 +1,960 @@
+//! The LSNAT gateway core (`rserpool_lsnat::core`, RFC 2391) in virtual time: clients open TCP
+//! sessions to the virtual address, the simulator plays the data plane (connects, relays a
+//! request and its answer, passes FINs and RSTs on, probes the members) and the members crash
+//! (process or host), restart and pause. After every step the gateway invariants are checked:
+//! a session whose member died ends as member lost, connect failed or reset by the member,
+//! never closed; a member that stays dead has its sessions ended in bounded time; every
+//! selection receipt lists the inputs it used; the limits hold.
+
+use crate::config::Mutation;
+use crate::report::{Failure, Outcome as RunOutcome, Stats};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rserpool_lsnat::core::member::{Health, MemberId, MemberSpec};
+use rserpool_lsnat::core::policy::LoadSharePolicy;
+use rserpool_lsnat::core::receipt::{Outcome, Side};
+use rserpool_lsnat::core::{
+    Action, Binding, CoreConfig, FlowKey, Gateway, Protocol, SessionId, Traffic,
+};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+/// The gateway's virtual address.
+const VIRTUAL: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 9, 0, 1)), 80);
+/// How often the data plane probes every member, and how long a probe may take.
+const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a connect to a host that does not answer takes to fail.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A member whose host is down must have had its sessions ended by then: `fall` (3) failed
+/// probes at [`PROBE_INTERVAL`], each failing after [`PROBE_TIMEOUT`], plus one interval of
+/// phase and slack.
+const DEAD_BOUND: Duration = Duration::from_secs(15);
+/// Every session ends within this long of its opening (a pause lasts at most 30 s, a host
+/// restarts within 60 s, a connect times out in 3 s).
+const SESSION_BOUND: Duration = Duration::from_secs(150);
+
+/// One run of the gateway simulation; everything not set is drawn from the seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayConfig {
+    /// The seed.
+    pub seed: u64,
+    /// Pool members behind the virtual address.
+    pub members: usize,
+    /// Clients opening sessions.
+    pub clients: usize,
+    /// Mean time between two sessions of one client.
+    pub open_interval: Duration,
+    /// The load-share policy.
+    pub policy: LoadSharePolicy,
+    /// `limits.max_sessions` of the gateway.
+    pub max_sessions: u32,
+    /// `limits.max_sessions_per_member`.
+    pub max_sessions_per_member: u32,
+    /// `health.response_timeout`: client data unanswered this long counts against a member.
+    pub response_timeout: Option<Duration>,
+    /// Mean time between two member faults (crash or pause).
+    pub fault_interval: Duration,
+    /// Members pause (SIGSTOP-like: the kernel still accepts connections).
+    pub pauses: bool,
+    /// Length of the run.
+    pub length: Duration,
+    /// `health.panic_threshold_percent` (0: off).
+    pub panic_threshold_percent: u8,
+    /// `health.connect_retries`: other members a session may be rebound to.
+    pub connect_retries: u32,
+    /// `persistence.timeout` (zero: no persistence).
+    pub persistence: Duration,
+    /// Keep a readable trace.
+    pub trace: bool,
+    /// A deliberate defect (tests of the checker).
+    pub mutation: Option<Mutation>,
+}
+
+impl GatewayConfig {
+    /// A run drawn from `seed`: 2–8 members, 1–6 clients, a policy, tight limits (so that they
+    /// are reached), faults every 5–30 s, and in half of the seeds each a panic threshold and
+    /// client persistence; 0–3 connect retries.
+    pub fn from_seed(seed: u64) -> Self {
+        let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x6a7e_3a11_0000_0000);
+        let policies: Vec<LoadSharePolicy> = LoadSharePolicy::ALL
+            .iter()
+            .map(|(_, p)| *p)
+            .filter(|p| *p != LoadSharePolicy::Pool)
+            .collect();
+        GatewayConfig {
+            seed,
+            members: r.random_range(2..=8),
+            clients: r.random_range(1..=6),
+            open_interval: Duration::from_millis(r.random_range(100..2000)),
+            policy: policies[r.random_range(0..policies.len())],
+            max_sessions: r.random_range(4..40),
+            max_sessions_per_member: r.random_range(2..12),
+            response_timeout: r
+                .random_bool(0.7)
+                .then(|| Duration::from_secs(r.random_range(2..8))),
+            fault_interval: Duration::from_secs(r.random_range(5..30)),
+            pauses: r.random_bool(0.5),
+            length: Duration::from_secs(r.random_range(60..240)),
+            trace: false,
+            mutation: None,
+            panic_threshold_percent: if r.random_bool(0.5) {
+                r.random_range(20..70)
+            } else {
+                0
+            },
+            connect_retries: r.random_range(0..=3),
+            persistence: if r.random_bool(0.5) {
+                Duration::from_secs(r.random_range(5..60))
+            } else {
+                Duration::ZERO
+            },
+        }
+    }
+}
+
+/// What a member host is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MemberState {
+    Up,
+    /// SIGSTOP-like: the kernel accepts connections and buffers data; nothing is answered.
+    Paused,
+    /// The process died; the kernel answers with RST.
+    ProcessDown,
+    /// The host is gone: nothing answers.
+    HostDown,
+}
+
+struct SimMember {
+    address: SocketAddr,
+    state: MemberState,
+    /// Incremented at every crash: events of an earlier incarnation are stale.
+    inc: u32,
+    id: MemberId,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Connecting,
+    /// Connected; the request goes next.
+    Connected,
+    /// The request was relayed; waiting for the answer.
+    Requested,
+    /// Answered; the client closes next.
+    Answered,
+    /// The client closed its direction; the member's FIN comes next.
+    ClientClosed,
+}
+
+struct SimSession {
+    member: usize,
+    /// The member's incarnation when the session was bound to it.
+    inc: u32,
+    phase: Phase,
+    opened: Duration,
+    /// The bound member crashed before the session ended: (when, the host is gone).
+    member_died: Option<(Duration, bool)>,
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Open(usize),
+    /// The connect of a session to member `.1` (incarnation `.2`) is answered (or timed out).
+    ConnectDone(SessionId, usize, u32),
+    Request(SessionId),
+    Answer(SessionId, u32),
+    ClientClose(SessionId),
+    MemberFin(SessionId, u32),
+    ProbeRound,
+    ProbeDone(MemberId, Result<(), String>),
+    Fault,
+    Restart(usize),
+    Resume(usize),
+    DeadCheck(usize, u32),
+    Poll,
+    End,
+}
+
+struct Queued {
+    at: Duration,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        self.at == o.at && self.seq == o.seq
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.at.cmp(&self.at).then(o.seq.cmp(&self.seq))
+    }
+}
+
+/// The gateway world of one run.
+pub struct GatewayWorld {
+    cfg: GatewayConfig,
+    rng: ChaCha8Rng,
+    now: Duration,
+    step: u64,
+    seq: u64,
+    queue: BinaryHeap<Queued>,
+    core: Gateway,
+    members: Vec<SimMember>,
+    by_id: BTreeMap<MemberId, usize>,
+    sessions: BTreeMap<SessionId, SimSession>,
+    next_port: u16,
+    poll_at: Option<Duration>,
+    /// Answers a paused member owes: delivered when it resumes.
+    owed: BTreeMap<usize, Vec<SessionId>>,
+    stats: Stats,
+    failure: Option<Failure>,
+    trace: Option<Vec<String>>,
+    trace_hash: u64,
+}
+
+/// Runs one gateway simulation to its end (or its first broken invariant).
+pub fn run_gateway(cfg: GatewayConfig) -> RunOutcome {
+    GatewayWorld::new(cfg).run()
+}
+
+impl GatewayWorld {
+    /// The world of `cfg`: members configured in the core, first events scheduled.
+    pub fn new(cfg: GatewayConfig) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let mut core_cfg = CoreConfig {
+            policy: cfg.policy,
+            ..CoreConfig::default()
+        };
+        core_cfg.limits.max_sessions = cfg.max_sessions;
+        core_cfg.limits.max_sessions_per_member = cfg.max_sessions_per_member;
+        core_cfg.limits.receipt_candidates = 4;
+        core_cfg.health.response_timeout = cfg.response_timeout;
+        core_cfg.health.liveness.slow_start = Duration::from_secs(5);
+        core_cfg.health.panic_threshold_percent = cfg.panic_threshold_percent;
+        core_cfg.health.connect_retries = cfg.connect_retries;
+        core_cfg.persistence.timeout = cfg.persistence;
+        let core_rng = ChaCha8Rng::seed_from_u64(rng.random());
+        let mut core = Gateway::new(core_cfg, Box::new(core_rng));
+        let members: Vec<SimMember> = (0..cfg.members)
+            .map(|i| SimMember {
+                address: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 8, 0, i as u8 + 1)), 8080),
+                state: MemberState::Up,
+                inc: 0,
+                id: MemberId(0),
+            })
+            .collect();
+        let specs = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| MemberSpec::new(m.address).weight(1 + (i as u32 % 3)))
+            .collect();
+        core.set_members(Duration::ZERO, specs);
+        let mut w = GatewayWorld {
+            trace: cfg.trace.then(Vec::new),
+            cfg,
+            rng,
+            now: Duration::ZERO,
+            step: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            core,
+            members,
+            by_id: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            next_port: 1024,
+            poll_at: None,
+            owed: BTreeMap::new(),
+            stats: Stats::default(),
+            failure: None,
+            trace_hash: 0xcbf2_9ce4_8422_2325,
+        };
+        for i in 0..w.members.len() {
+            let key = w.members[i].address.to_string();
+            let id = w.core.member_id(&key).expect("configured");
+            w.members[i].id = id;
+            w.by_id.insert(id, i);
+        }
+        let cfg = format!("{:?}", w.cfg);
+        w.note(|| format!("gateway config {cfg}"));
+        for c in 0..w.cfg.clients {
+            let at = w.exp(w.cfg.open_interval);
+            w.schedule(at, Ev::Open(c));
+        }
+        w.schedule(PROBE_INTERVAL, Ev::ProbeRound);
+        let f = w.exp(w.cfg.fault_interval);
+        w.schedule(f, Ev::Fault);
+        w.schedule(w.cfg.length, Ev::End);
+        w
+    }
+
+    fn schedule(&mut self, at: Duration, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Queued {
+            at: at.max(self.now),
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn exp(&mut self, mean: Duration) -> Duration {
+        let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+        mean.mul_f64(-u.ln()).min(mean * 20)
+    }
+
+    /// One way across the simulated LAN: 0.1–5 ms.
+    fn hop(&mut self) -> Duration {
+        Duration::from_micros(self.rng.random_range(100..5_000))
+    }
+
+    fn note(&mut self, what: impl FnOnce() -> String) {
+        if let Some(t) = self.trace.as_mut() {
+            t.push(format!(
+                "{:>10.6} #{:<7} {}",
+                self.now.as_secs_f64(),
+                self.step,
+                what()
+            ));
+        }
+    }
+
+    fn hash(&mut self, tag: u8, a: u64) {
+        let mut h = self.trace_hash;
+        for b in (self.now.as_nanos() as u64)
+            .to_le_bytes()
+            .into_iter()
+            .chain([tag])
+            .chain(a.to_le_bytes())
+        {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.trace_hash = h;
+    }
+
+    fn fail(&mut self, invariant: &'static str, message: String) {
+        if self.failure.is_none() {
+            self.note(|| format!("INVARIANT {invariant} BROKEN: {message}"));
+            self.failure = Some(Failure {
+                seed: self.cfg.seed,
+                step: self.step,
+                time: self.now,
+                invariant,
+                message,
+            });
+        }
+    }
+
+    /// Runs to the end (or the first failure).
+    pub fn run(mut self) -> RunOutcome {
+        while self.failure.is_none() {
+            let Some(q) = self.queue.pop() else { break };
+            self.now = self.now.max(q.at);
+            self.step += 1;
+            if self.step > 5_000_000 {
+                self.fail(
+                    "step_limit",
+                    "more than 5 000 000 steps: a livelock?".into(),
+                );
+                break;
+            }
+            let end = matches!(q.ev, Ev::End);
+            self.handle(q.ev);
+            self.apply_actions();
+            self.arm_poll();
+            if self.failure.is_none() {
+                self.check();
+            }
+            if end {
+                break;
+            }
+        }
+        self.stats.steps = self.step;
+        self.stats.simulated = self.now;
+        RunOutcome {
+            seed: self.cfg.seed,
+            trace_hash: self.trace_hash,
+            failure: self.failure,
+            stats: self.stats,
+            trace: self.trace.unwrap_or_default(),
+        }
+    }
+
+    fn arm_poll(&mut self) {
+        if let Some(next) = self.core.next_deadline() {
+            if self.poll_at != Some(next) {
+                self.poll_at = Some(next);
+                self.schedule(next, Ev::Poll);
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Open(c) => self.open(c),
+            Ev::ConnectDone(id, i, inc) => self.connect_done(id, i, inc),
+            Ev::Request(id) => self.request(id),
+            Ev::Answer(id, inc) => self.answer(id, inc),
+            Ev::ClientClose(id) => self.client_close(id),
+            Ev::MemberFin(id, inc) => self.member_fin(id, inc),
+            Ev::ProbeRound => self.probe_round(),
+            Ev::ProbeDone(m, r) => {
+                self.hash(7, u64::from(m.0) << 1 | u64::from(r.is_ok()));
+                self.core.probe_result(self.now, m, r);
+            }
+            Ev::Fault => self.fault(),
+            Ev::Restart(i) => self.restart(i),
+            Ev::Resume(i) => self.resume(i),
+            Ev::DeadCheck(i, inc) => self.dead_check(i, inc),
+            Ev::Poll => {
+                if self.poll_at.is_some_and(|t| t <= self.now) {
+                    self.poll_at = None;
+                    self.core.poll(self.now);
+                }
+            }
+            Ev::End => self.end(),
+        }
+    }
+
+    // ----- Clients and the data plane -----
+
+    fn open(&mut self, c: usize) {
+        let next = self.exp(self.cfg.open_interval);
+        self.schedule(self.now + next, Ev::Open(c));
+        self.next_port = self.next_port.checked_add(1).unwrap_or(1024);
+        let flow = FlowKey {
+            protocol: Protocol::Tcp,
+            client: SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::new(10, 7, 0, c as u8 + 1)),
+                self.next_port,
+            ),
+            virtual_address: VIRTUAL,
+        };
+        self.stats.gw_sessions += 1;
+        let active = self.core.active_sessions();
+        match self.core.open(self.now, flow) {
+            Ok(b) => {
+                self.hash(1, b.session.0);
+                self.check_selection(b.session);
+                self.bind(b);
+            }
+            Err(reason) => {
+                self.stats.gw_refused += 1;
+                self.note(|| format!("client {c}: refused ({})", reason.name()));
+                if reason == rserpool_lsnat::core::receipt::RefusalReason::MaxSessions
+                    && active < self.cfg.max_sessions
+                {
+                    let msg = format!(
+                        "refused for max_sessions with {active} of {} sessions bound",
+                        self.cfg.max_sessions
+                    );
+                    self.fail("gateway_limits", msg);
+                }
+            }
+        }
+    }
+
+    /// The session is bound (or rebound) to a member: connect to it.
+    fn bind(&mut self, b: Binding) {
+        let i = self.by_id[&b.member];
+        let inc = self.members[i].inc;
+        let opened = self.sessions.get(&b.session).map_or(self.now, |s| s.opened);
+        self.sessions.insert(
+            b.session,
+            SimSession {
+                member: i,
+                inc,
+                phase: Phase::Connecting,
+                opened,
+                member_died: None,
+            },
+        );
+        self.note(|| format!("{}: connect to member {i} ({})", b.session, b.member));
+        let at = match self.members[i].state {
+            MemberState::HostDown => self.now + CONNECT_TIMEOUT,
+            _ => {
+                let rtt = self.hop() + self.hop();
+                self.now + rtt
+            }
+        };
+        self.schedule(at, Ev::ConnectDone(b.session, i, inc));
+    }
+
+    fn connect_done(&mut self, id: SessionId, i: usize, inc: u32) {
+        let Some(s) = self.sessions.get(&id) else {
+            return;
+        };
+        if s.phase != Phase::Connecting || s.member != i || s.inc != inc {
+            // An earlier binding's attempt.
+            return;
+        }
+        if self.members[i].inc != inc {
+            // The member crashed while the handshake was under way.
+            let reason = if self.members[i].state == MemberState::HostDown {
+                "connect timed out"
+            } else {
+                "connection refused"
+            };
+            self.connect_failed(id, reason);
+            return;
+        }
+        match self.members[i].state {
+            // The kernel completes the handshake even for a stopped process.
+            MemberState::Up | MemberState::Paused => {
+                self.hash(2, id.0);
+                self.core.connected(self.now, id);
+                self.sessions.get_mut(&id).expect("present").phase = Phase::Connected;
+                let d = self.hop();
+                self.schedule(self.now + d, Ev::Request(id));
+            }
+            MemberState::ProcessDown => self.connect_failed(id, "connection refused"),
+            MemberState::HostDown => self.connect_failed(id, "connect timed out"),
+        }
+    }
+
+    fn connect_failed(&mut self, id: SessionId, reason: &str) {
+        self.hash(3, id.0);
+        match self.core.connect_failed(self.now, id, reason) {
+            Some(b) => {
+                self.check_selection(id);
+                self.bind(b);
+            }
+            None => self.ended(
+                id,
+                Outcome::ConnectFailed {
+                    reason: reason.to_string(),
+                },
+            ),
+        }
+    }
+
+    fn request(&mut self, id: SessionId) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if s.phase != Phase::Connected {
+            return;
+        }
+        s.phase = Phase::Requested;
+        let (i, inc) = (s.member, s.inc);
+        self.core.client_data(self.now, id);
+        self.core.activity(
+            self.now,
+            id,
+            Traffic {
+                bytes: 100,
+                packets: 1,
+            },
+            Traffic::default(),
+        );
+        self.relay_request(id, i, inc);
+    }
+
+    fn relay_request(&mut self, id: SessionId, i: usize, inc: u32) {
+        if self.members[i].inc != inc {
+            return;
+        }
+        match self.members[i].state {
+            MemberState::Up => {
+                // The member works on it for up to 200 ms.
+                let d = self.hop() + Duration::from_micros(self.rng.random_range(0..200_000));
+                self.schedule(self.now + d, Ev::Answer(id, inc));
+            }
+            MemberState::Paused => self.owed.entry(i).or_default().push(id),
+            MemberState::ProcessDown | MemberState::HostDown => {}
+        }
+    }
+
+    fn answer(&mut self, id: SessionId, inc: u32) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if s.phase != Phase::Requested || s.inc != inc {
+            return;
+        }
+        let i = s.member;
+        if self.members[i].inc != inc {
+            return;
+        }
+        if self.members[i].state == MemberState::Paused {
+            self.owed.entry(i).or_default().push(id);
+            return;
+        }
+        s.phase = Phase::Answered;
+        self.hash(4, id.0);
+        self.core.reached(self.now, id);
+        self.core.activity(
+            self.now,
+            id,
+            Traffic::default(),
+            Traffic {
+                bytes: 1000,
+                packets: 1,
+            },
+        );
+        let d = self.hop() + Duration::from_millis(self.rng.random_range(0..3000));
+        self.schedule(self.now + d, Ev::ClientClose(id));
+    }
+
+    fn client_close(&mut self, id: SessionId) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if s.phase != Phase::Answered {
+            return;
+        }
+        s.phase = Phase::ClientClosed;
+        let (i, inc) = (s.member, s.inc);
+        self.core.half_closed(self.now, id, Side::Client);
+        if self.members[i].state == MemberState::Up && self.members[i].inc == inc {
+            let d = self.hop();
+            self.schedule(self.now + d, Ev::MemberFin(id, inc));
+        } else if self.members[i].state == MemberState::Paused {
+            self.owed.entry(i).or_default().push(id);
+        }
+    }
+
+    fn member_fin(&mut self, id: SessionId, inc: u32) {
+        let Some(s) = self.sessions.get(&id) else {
+            return;
+        };
+        if s.phase != Phase::ClientClosed || s.inc != inc || self.members[s.member].inc != inc {
+            return;
+        }
+        if self.members[s.member].state == MemberState::Paused {
+            let i = s.member;
+            self.owed.entry(i).or_default().push(id);
+            return;
+        }
+        self.hash(5, id.0);
+        self.core.half_closed(self.now, id, Side::Member);
+        if self.core.closed(self.now, id, Outcome::Closed) {
+            self.ended(id, Outcome::Closed);
+        }
+    }
+
+    /// The data plane saw a reset from a member whose process died.
+    fn member_reset(&mut self, id: SessionId) {
+        if self
+            .core
+            .closed(self.now, id, Outcome::Reset { by: Side::Member })
+        {
+            self.ended(id, Outcome::Reset { by: Side::Member });
+        }
+    }
+
+    /// What the core asked the data plane to do (close sessions it ended).
+    fn apply_actions(&mut self) {
+        for a in self.core.take_actions() {
+            match a {
+                Action::Close { session, outcome } => {
+                    self.hash(6, session.0);
+                    self.ended(session, outcome);
+                }
+                other => self.note(|| format!("unknown action {other:?}")),
+            }
+        }
+    }
+
+    /// A session ended with `outcome` (as the core recorded it): judge it.
+    fn ended(&mut self, id: SessionId, outcome: Outcome) {
+        let Some(s) = self.sessions.remove(&id) else {
+            return;
+        };
+        self.note(|| format!("{id}: ended {outcome}"));
+        match &outcome {
+            Outcome::Closed => self.stats.gw_closed += 1,
+            Outcome::MemberLost { .. } => self.stats.gw_member_lost += 1,
+            Outcome::ConnectFailed { .. } => self.stats.gw_connect_failed += 1,
+            Outcome::Reset { .. } => self.stats.gw_reset += 1,
+            _ => {}
+        }
+        if let Some((when, host)) = s.member_died {
+            let ok = matches!(
+                outcome,
+                Outcome::MemberLost { .. }
+                    | Outcome::ConnectFailed { .. }
+                    | Outcome::Reset { by: Side::Member }
+            );
+            if !ok {
+                let msg = format!(
+                    "{id}, bound to member {} whose {} died at {when:?}, ended as `{outcome}` ({})",
+                    s.member,
+                    if host { "host" } else { "process" },
+                    outcome.name()
+                );
+                self.fail("gateway_member_lost", msg);
+            }
+        }
+    }
+
+    fn probe_round(&mut self) {
+        self.schedule(self.now + PROBE_INTERVAL, Ev::ProbeRound);
+        for (m, _) in self.core.probe_targets() {
+            let Some(&i) = self.by_id.get(&m) else {
+                continue;
+            };
+            let (at, r) = match self.members[i].state {
+                MemberState::Up | MemberState::Paused => {
+                    let rtt = self.hop() + self.hop();
+                    (self.now + rtt, Ok(()))
+                }
+                MemberState::ProcessDown => {
+                    let rtt = self.hop() + self.hop();
+                    (self.now + rtt, Err("connection refused".to_string()))
+                }
+                MemberState::HostDown => (self.now + PROBE_TIMEOUT, Err("timed out".to_string())),
+            };
+            self.schedule(at, Ev::ProbeDone(m, r));
+        }
+    }
+
+    // ----- Faults -----
+
+    fn fault(&mut self) {
+        let f = self.exp(self.cfg.fault_interval);
+        self.schedule(self.now + f, Ev::Fault);
+        let up: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].state == MemberState::Up)
+            .collect();
+        if up.is_empty() {
+            return;
+        }
+        let i = up[self.rng.random_range(0..up.len())];
+        if self.cfg.pauses && self.rng.random_bool(0.3) {
+            let d = Duration::from_millis(self.rng.random_range(1_000..30_000));
+            self.members[i].state = MemberState::Paused;
+            self.stats.pauses += 1;
+            self.hash(8, i as u64);
+            self.note(|| format!("PAUSE member {i} for {:.3} s", d.as_secs_f64()));
+            self.schedule(self.now + d, Ev::Resume(i));
+            return;
+        }
+        let host = self.rng.random_bool(0.5);
+        self.stats.crashes += 1;
+        self.hash(9, i as u64);
+        self.note(|| {
+            format!(
+                "CRASH member {i} ({})",
+                if host { "host" } else { "process" }
+            )
+        });
+        let m = &mut self.members[i];
+        m.state = if host {
+            MemberState::HostDown
+        } else {
+            MemberState::ProcessDown
+        };
+        m.inc += 1;
+        let inc = m.inc;
+        self.owed.remove(&i);
+        let now = self.now;
+        let bound: Vec<SessionId> = self
+            .sessions
+            .iter_mut()
+            .filter(|(_, s)| s.member == i)
+            .map(|(id, s)| {
+                s.member_died = Some((now, host));
+                *id
+            })
+            .collect();
+        if !host {
+            // The kernel resets every connection of the dead process.
+            for id in bound {
+                let connecting = self.sessions.get(&id).map(|s| s.phase) == Some(Phase::Connecting);
+                if !connecting {
+                    self.member_reset_later(id);
+                }
+            }
+        }
+        self.schedule(now + DEAD_BOUND, Ev::DeadCheck(i, inc));
+        let back = Duration::from_millis(self.rng.random_range(1_000..60_000));
+        self.schedule(now + back, Ev::Restart(i));
+    }
+
+    fn member_reset_later(&mut self, id: SessionId) {
+        if self.cfg.mutation == Some(Mutation::GatewayFinFromDeadMember) {
+            // The defect: a data plane that takes the dead member's end for an orderly one.
+            if self.core.closed(self.now, id, Outcome::Closed) {
+                self.ended(id, Outcome::Closed);
+            }
+            return;
+        }
+        self.member_reset(id);
+    }
+
+    fn restart(&mut self, i: usize) {
+        if !matches!(
+            self.members[i].state,
+            MemberState::HostDown | MemberState::ProcessDown
+        ) {
+            return;
+        }
+        let was_host = self.members[i].state == MemberState::HostDown;
+        self.members[i].state = MemberState::Up;
+        self.stats.restarts += 1;
+        self.hash(10, i as u64);
+        self.note(|| format!("RESTART member {i}"));
+        if was_host {
+            // Old connections meet a host that knows nothing of them: RST.
+            let stale: Vec<SessionId> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.member == i && s.phase != Phase::Connecting)
+                .filter(|(_, s)| s.inc != self.members[i].inc)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in stale {
+                self.member_reset_later(id);
+            }
+        }
+    }
+
+    fn resume(&mut self, i: usize) {
+        if self.members[i].state != MemberState::Paused {
+            return;
+        }
+        self.members[i].state = MemberState::Up;
+        self.hash(11, i as u64);
+        self.note(|| format!("RESUME member {i}"));
+        let owed = self.owed.remove(&i).unwrap_or_default();
+        let inc = self.members[i].inc;
+        for id in owed {
+            let phase = self.sessions.get(&id).map(|s| s.phase);
+            match phase {
+                Some(Phase::Requested) => {
+                    let d = self.hop();
+                    self.schedule(self.now + d, Ev::Answer(id, inc));
+                }
+                Some(Phase::ClientClosed) => {
+                    let d = self.hop();
+                    self.schedule(self.now + d, Ev::MemberFin(id, inc));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A member whose host has been down for [`DEAD_BOUND`] must have no session left that
+    /// was bound to it when it died (the core judged it dead and ended them as member lost).
+    fn dead_check(&mut self, i: usize, inc: u32) {
+        if self.members[i].inc != inc || self.members[i].state != MemberState::HostDown {
+            return;
+        }
+        let health = self.core.member_health(self.members[i].id);
+        if let Some((id, s)) = self
+            .sessions
+            .iter()
+            .find(|(_, s)| s.member == i && s.member_died.is_some() && s.phase != Phase::Connecting)
+        {
+            let msg = format!(
+                "{id} is still bound to member {i} ({:?}), whose host died at {:?}, {DEAD_BOUND:?} later (health {health:?})",
+                s.phase,
+                s.member_died.map(|d| d.0)
+            );
+            self.fail("gateway_member_lost_in_time", msg);
+        }
+    }
+
+    fn end(&mut self) {
+        self.note(|| "END".to_string());
+    }
+
+    // ----- Invariants -----
+
+    /// The selection receipt just written for `id` lists the inputs used: the chosen member
+    /// among the candidates (or the list cut at its limit), not excluded, not dead unless in
+    /// panic mode; a rule named.
+    fn check_selection(&mut self, id: SessionId) {
+        let Some(r) = self.core.receipt(id) else {
+            return;
+        };
+        let Some(sel) = r.selected.last() else {
+            let msg = format!("{id} is bound without a selection receipt");
+            self.fail("gateway_receipts", msg);
+            return;
+        };
+        self.stats.checks += 1;
+        let limit = 4;
+        let chosen = sel.candidates.iter().find(|c| c.member == sel.member);
+        let problem = if sel.candidates.len() > limit {
+            Some(format!(
+                "{} candidates listed, limit {limit}",
+                sel.candidates.len()
+            ))
+        } else if sel.by != "persistence" && LoadSharePolicy::ALL.iter().all(|(n, _)| *n != sel.by)
+        {
+            Some(format!("chosen by an unnamed rule `{}`", sel.by))
+        } else {
+            match chosen {
+                None if sel.candidates_omitted == 0 => Some(format!(
+                    "the chosen member {} is not among the candidates {:?}",
+                    sel.member,
+                    sel.candidates.iter().map(|c| c.member).collect::<Vec<_>>()
+                )),
+                Some(c) if c.excluded.is_some() => Some(format!(
+                    "the chosen member {} is listed as excluded ({:?})",
+                    sel.member, c.excluded
+                )),
+                Some(c) if c.health == Health::Dead && !sel.panic => Some(format!(
+                    "the chosen member {} was dead at selection (no panic)",
+                    sel.member
+                )),
+                _ => None,
+            }
+        };
+        if let Some(p) = problem {
+            let msg = format!("{id}: {p}");
+            self.fail("gateway_receipts", msg);
+            return;
+        }
+        let bound = r.bound.as_ref().map(|b| b.member);
+        if bound != Some(sel.member) {
+            let msg = format!("{id}: bound to {bound:?}, selected {}", sel.member);
+            self.fail("gateway_receipts", msg);
+        }
+    }
+
+    /// After every step: the limits hold; no session outlives its bound.
+    fn check(&mut self) {
+        self.stats.checks += 1;
+        let active = self.core.active_sessions();
+        if active > self.cfg.max_sessions {
+            let msg = format!("{active} sessions bound, limit {}", self.cfg.max_sessions);
+            self.fail("gateway_limits", msg);
+            return;
+        }
+        for m in &self.members {
+            let n = self.core.member_sessions(m.id).unwrap_or(0);
+            if n > self.cfg.max_sessions_per_member {
+                let msg = format!(
+                    "member {} has {n} sessions, limit {}",
+                    m.id, self.cfg.max_sessions_per_member
+                );
+                self.fail("gateway_limits", msg);
+                return;
+            }
+        }
+        let now = self.now;
+        if let Some((id, s)) = self
+            .sessions
+            .iter()
+            .find(|(_, s)| now > s.opened + SESSION_BOUND)
+        {
+            let msg = format!(
+                "{id} opened at {:?} is still {:?} on member {} at {now:?}",
+                s.opened, s.phase, s.member
+            );
+            self.fail("gateway_session_ends", msg);
+        }
+    }
+}
