@@ -444,6 +444,7 @@ impl GatewayWorld {
         match self.core.open(self.now, flow) {
             Ok(b) => {
                 self.hash(1, b.session.0);
+                self.note(|| format!("client {c}: {} opens", b.session));
                 self.check_selection(b.session);
                 self.bind(b);
             }

@@ -312,3 +312,17 @@ fn the_checker_catches_a_dead_members_session_reported_closed() {
     let o = run_gateway(GatewayConfig::from_seed(3));
     assert!(o.failure.is_none(), "{}", o.failure.unwrap());
 }
+
+/// PEs that abort every session after one reply: the reply and its cookie still arrive before
+/// the abort, so every Ping is answered across failovers (the simulator once dropped them, and
+/// such sessions failed over without end; seeds 20000.. with `--failure-after 1`).
+#[test]
+fn a_pe_that_aborts_after_every_reply_still_answers() {
+    let mut cfg = sessions_only(20000, None);
+    cfg.pingpong_failure_after = 1;
+    let o = run(cfg);
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    let s = &o.stats;
+    assert!(s.sessions_finished > 0, "{s}");
+    assert!(s.pongs > 0 && s.failovers_with_cookie >= s.pongs / 2, "{s}");
+}
