@@ -192,6 +192,10 @@ pub struct SimConfig {
     pub max_steps: u64,
     /// Keep a readable trace of every step.
     pub trace: bool,
+    /// Capture every delivered message as a pcap file of at most this many bytes
+    /// ([`crate::Outcome::pcap`]); past the limit packets are counted, not written. `None`: no
+    /// capture. Capturing changes nothing in the run.
+    pub pcap_limit: Option<u64>,
     /// A deliberate defect (tests of the checker only).
     pub mutation: Option<Mutation>,
 }
@@ -245,6 +249,7 @@ impl SimConfig {
             full_check_every: 1,
             max_steps: 5_000_000,
             trace: false,
+            pcap_limit: None,
             mutation: None,
         };
         // Drawn last, so that adding it left the earlier draws of every seed as they were.

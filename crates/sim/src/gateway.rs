@@ -386,6 +386,9 @@ impl GatewayWorld {
             failure: self.failure,
             stats: self.stats,
             trace: self.trace.unwrap_or_default(),
+            // The gateway world's data plane is not captured.
+            pcap: None,
+            pcap_left_out: 0,
         }
     }
 

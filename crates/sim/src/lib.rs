@@ -20,12 +20,14 @@
 
 #![warn(missing_docs)]
 
+mod capture;
 mod config;
 pub mod fixtures;
 pub mod gateway;
 mod report;
 mod world;
 
+pub use capture::{ASAP_GROUP, ENRP_GROUP, MAX_CHUNK_DATA};
 pub use config::{Faults, LinkConfig, Mutation, SimConfig};
 pub use gateway::{run_gateway, GatewayConfig};
 pub use report::{Failure, Outcome, Stats};

@@ -3,7 +3,7 @@
 //! ```text
 //! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition,pause|all|none]
 //!              [--registrars N] [--pes N] [--pus N] [--sessions N] [--failure-after N]
-//!              [--seed S] [--trace]
+//!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
 //! ```
 
 use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, SimConfig, Stats};
@@ -25,7 +25,12 @@ struct Args {
     mutation: Option<Mutation>,
     check_every: Option<u64>,
     gateway: bool,
+    pcap: Option<std::path::PathBuf>,
+    pcap_limit: u64,
 }
+
+/// Default most bytes of a `--pcap` file (the file is built in memory).
+const DEFAULT_PCAP_LIMIT: u64 = 1 << 30;
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -43,6 +48,8 @@ fn parse() -> Result<Args, String> {
         mutation: None,
         check_every: None,
         gateway: false,
+        pcap: None,
+        pcap_limit: DEFAULT_PCAP_LIMIT,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -57,6 +64,8 @@ fn parse() -> Result<Args, String> {
             "--seed" => a.seed = Some(num("--seed", value("--seed")?)?),
             "--trace" => a.trace = true,
             "--gateway" => a.gateway = true,
+            "--pcap" => a.pcap = Some(value("--pcap")?.into()),
+            "--pcap-limit" => a.pcap_limit = num("--pcap-limit", value("--pcap-limit")?)?,
             "--faults" => a.faults = Some(Faults::parse(&value("--faults")?)?),
             "--registrars" => {
                 a.registrars = Some(num("--registrars", value("--registrars")?)? as usize)
@@ -92,6 +101,12 @@ fn parse() -> Result<Args, String> {
                      --first S        first seed of the range (default 0)\n\
                      --seed S         run only seed S\n\
                      --trace          print the readable trace of each run\n\
+                     --pcap FILE      with --seed: write every message the simulated network\n\
+                                      delivers to FILE (pcap, raw IPv4, SCTP and UDP; see\n\
+                                      docs/simulation.md), readable by `rserpool decode`,\n\
+                                      tshark and Wireshark\n\
+                     --pcap-limit N   most bytes of the --pcap file (default 1073741824); later\n\
+                                      packets are left out and counted\n\
                      --faults LIST    registrar,pe,partition,pause | all | none (default: from the seed)\n\
                      --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
                      --sessions N     PingPong sessions per PU (default: from the seed; 0 runs a\n\
@@ -112,6 +127,12 @@ fn parse() -> Result<Args, String> {
             }
             other => return Err(format!("unknown argument `{other}` (try --help)")),
         }
+    }
+    if a.pcap.is_some() && a.seed.is_none() {
+        return Err("--pcap needs --seed S (one run, one file)".to_string());
+    }
+    if a.pcap.is_some() && a.gateway {
+        return Err("--pcap: the gateway world's traffic is not captured".to_string());
     }
     Ok(a)
 }
@@ -174,6 +195,9 @@ fn main() -> ExitCode {
             cfg.pingpong_failure_after = n;
         }
         cfg.mutation = args.mutation;
+        if args.pcap.is_some() {
+            cfg.pcap_limit = Some(args.pcap_limit);
+        }
         if let Some(n) = args.check_every {
             cfg.full_check_every = n;
         }
@@ -183,6 +207,25 @@ fn main() -> ExitCode {
         let o = run(cfg);
         for line in &o.trace {
             println!("{line}");
+        }
+        if let (Some(path), Some(bytes)) = (&args.pcap, &o.pcap) {
+            if let Err(e) = std::fs::write(path, bytes) {
+                eprintln!("rserpool-sim: --pcap {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+            println!(
+                "seed {seed}: {} bytes of pcap written to {}{}",
+                bytes.len(),
+                path.display(),
+                if o.pcap_left_out > 0 {
+                    format!(
+                        " ({} packets left out at the --pcap-limit of {} bytes)",
+                        o.pcap_left_out, args.pcap_limit
+                    )
+                } else {
+                    String::new()
+                }
+            );
         }
         total.add(&o.stats);
         if let Some(f) = o.failure {

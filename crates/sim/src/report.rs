@@ -213,4 +213,9 @@ pub struct Outcome {
     pub stats: Stats,
     /// The readable trace (empty unless [`crate::SimConfig::trace`] was on).
     pub trace: Vec<String>,
+    /// The pcap file of the delivered traffic (only when [`crate::SimConfig::pcap_limit`] asked
+    /// for one; its layout is described in docs/simulation.md; the gateway world has none).
+    pub pcap: Option<Vec<u8>>,
+    /// Packets the pcap file left out because it reached its limit.
+    pub pcap_left_out: u64,
 }

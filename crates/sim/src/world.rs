@@ -1,6 +1,7 @@
 //! The simulated world: hosts running the real cores, the network between them, the event queue
 //! in virtual time, faults, workload, and the invariants checked after every step.
 
+use crate::capture::{Capture, ASAP_GROUP, ENRP_GROUP};
 use crate::config::{Mutation, SimConfig};
 use crate::fixtures::sctp_peer;
 use crate::report::{Failure, Outcome, Stats};
@@ -276,6 +277,8 @@ pub struct World {
     winners: BTreeMap<(RegistrarId, u32), BTreeSet<RegistrarId>>,
     trace_hash: u64,
     trace: Option<Vec<String>>,
+    /// The pcap file of delivered traffic, when asked for.
+    capture: Option<Capture>,
     stats: Stats,
     failure: Option<Failure>,
     next_reg_id: u32,
@@ -306,6 +309,7 @@ impl World {
             .collect();
         let mut w = World {
             trace: cfg.trace.then(Vec::new),
+            capture: cfg.pcap_limit.map(Capture::new),
             codec: Codec::new(RegistrarConfig::new(Profile::Rsplib).codec),
             cfg,
             rng,
@@ -922,6 +926,8 @@ impl World {
             failure: self.failure,
             stats: self.stats,
             trace: self.trace.unwrap_or_default(),
+            pcap_left_out: self.capture.as_ref().map_or(0, |c| c.left_out),
+            pcap: self.capture.map(Capture::into_bytes),
         }
     }
 
@@ -956,6 +962,26 @@ impl World {
                     return;
                 }
                 self.hash(1, 0, &bytes);
+                if self.trace.is_some() || self.capture.is_some() {
+                    let service = if from.port() == ENRP_PORT {
+                        Service::Enrp
+                    } else {
+                        Service::Asap
+                    };
+                    if self.trace.is_some() {
+                        let what = self.describe(service, &bytes);
+                        let sender = src.map_or_else(|| from.to_string(), |s| s.to_string());
+                        self.note(|| format!("{to} <- {sender} {what} (multicast)"));
+                    }
+                    if let Some(c) = self.capture.as_mut() {
+                        let group = if service == Service::Enrp {
+                            ENRP_GROUP
+                        } else {
+                            ASAP_GROUP
+                        };
+                        c.datagram(self.now, from, group, &bytes);
+                    }
+                }
                 self.on_datagram(to, from, &bytes);
             }
             Ev::Established(id) => self.on_established(id),
@@ -1034,6 +1060,16 @@ impl World {
         };
         self.stats.messages += 1;
         self.hash(2, id, &bytes);
+        if let Some(c) = self.capture.as_mut() {
+            let a = &self.assocs[&id];
+            let (from, to) = (a.addrs[1 - side], a.addrs[side]);
+            let (ppid, data) = match service {
+                Service::Asap => (11, &bytes[..]),
+                Service::Enrp => (12, &bytes[..]),
+                Service::Session => unframe(&bytes).unwrap_or((0, &bytes[..])),
+            };
+            c.association_message(self.now, (id, side), from, to, ppid, data);
+        }
         if self.trace.is_some() {
             let what = self.describe(service, &bytes);
             let from = self.assocs[&id].ends[1 - side];
