@@ -875,3 +875,60 @@ async fn udp_receipts_count_every_byte_of_short_and_long_flows() {
     assert_eq!(metric(&m, "bytes_total{direction=\"to_client\"}"), sum);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn worker_threads_share_the_port_serve_every_session_and_refuse_a_port_in_use() {
+    let a = echo().await;
+    // Four workers, each with its own socket on the virtual port (SO_REUSEPORT).
+    let gw = gateway(
+        &[a.addr],
+        "[health]\nprobe = \"none\"\n[runtime]\nworker-threads = 4\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    assert_ne!(vip.port(), 0);
+    let mut clients = Vec::new();
+    for i in 0..40u32 {
+        clients.push(tokio::spawn(async move {
+            let mut s = TcpStream::connect(vip).await.unwrap();
+            roundtrip(&mut s, format!("hello {i}").as_bytes())
+                .await
+                .unwrap();
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    wait_until("40 closed receipts", || {
+        gw.status()
+            .recent_outcomes
+            .iter()
+            .filter(|r| r.outcome == Some(Outcome::Closed))
+            .count()
+            == 40
+    })
+    .await;
+    // Another gateway on the same port is refused with the port named, not let in to share it.
+    let c = config(
+        &[a.addr],
+        "[health]\nprobe = \"none\"\n[runtime]\nworker-threads = 2\n",
+    );
+    let mut c2 = c.clone();
+    c2.listeners[0].address = vip;
+    let e = match start(c2, Box::new(StaticSource::new(c.members.clone()))).await {
+        Err(e) => e,
+        Ok(_) => panic!("a second gateway bound {vip}"),
+    };
+    assert!(e.to_string().contains(&vip.to_string()), "{e}");
+    // A session open at shutdown ends with outcome shutdown, and shutdown returns.
+    let mut open = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut open, b"still here").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), gw.shutdown())
+        .await
+        .expect("shutdown returns");
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), open.read(&mut buf))
+        .await
+        .expect("the relay ends");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+}

@@ -179,6 +179,15 @@ impl Ctx<'_> {
         self.shared.with(|core, now| core.activity(now, id, m, c));
     }
 
+    /// Hands the core the traffic not yet reported, from inside a call that holds its lock
+    /// already (one lock per event, not two).
+    fn report_into(&self, core: &mut crate::core::Gateway, now: crate::core::Time) {
+        let (m, c) = self.pending.take();
+        if m.bytes != 0 || c.bytes != 0 {
+            core.activity(now, self.id, m, c);
+        }
+    }
+
     pub(crate) fn first(&self, from: Side) {
         let id = self.id;
         self.shared.with(|core, now| match from {
@@ -194,10 +203,11 @@ impl Ctx<'_> {
 
     pub(crate) fn half_closed(&self, from: Side) {
         self.done.fetch_or(side_bit(from), Ordering::Relaxed);
-        self.report();
         let id = self.id;
-        self.shared
-            .with(|core, now| core.half_closed(now, id, from));
+        self.shared.with(|core, now| {
+            self.report_into(core, now);
+            core.half_closed(now, id, from);
+        });
     }
 }
 
@@ -357,7 +367,13 @@ async fn relay(
         splice: shared.config.runtime.splice,
         done: AtomicU8::new(0),
         id,
-        pending: Pending::default(),
+        // The first report is due one interval after the start (not at the first read).
+        pending: Pending {
+            last_report_ns: AtomicU64::new(
+                u64::try_from(shared.now().as_nanos()).unwrap_or(u64::MAX),
+            ),
+            ..Pending::default()
+        },
         report_ns: u64::try_from(shared.config.runtime.report_interval.as_nanos())
             .unwrap_or(u64::MAX),
     };
@@ -397,9 +413,9 @@ async fn relay(
             }
         }
     };
-    ctx.report();
     let now = shared.now();
     let mut g = shared.lock();
+    ctx.report_into(&mut g.core, now);
     g.core.closed(now, id, outcome);
     g.kills.remove(&id);
     g.apply_actions();
