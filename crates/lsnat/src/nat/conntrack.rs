@@ -339,7 +339,7 @@ impl Subscription {
             socket.add_membership(GROUP_UPDATE)?;
         }
         socket.add_membership(GROUP_DESTROY)?;
-        let mut s = Subscription { socket };
+        let s = Subscription { socket };
         s.set_buffer(rcvbuf);
         let fd = s.socket.as_raw_fd();
         let tv = libc::timeval {
@@ -361,7 +361,7 @@ impl Subscription {
 
     /// Asks for a receive buffer of `bytes` (forced past `rmem_max` where the process may).
     /// Returns the size the kernel granted (it counts overhead, so about twice what was asked).
-    pub fn set_buffer(&mut self, bytes: usize) -> usize {
+    pub fn set_buffer(&self, bytes: usize) -> usize {
         let fd = self.socket.as_raw_fd();
         let size = bytes.min(i32::MAX as usize / 2) as libc::c_int;
         if !set_int(fd, libc::SO_RCVBUFFORCE, size) {
@@ -391,9 +391,20 @@ impl Subscription {
 
     /// Receives one datagram if one is waiting (WouldBlock otherwise): a burst of events is
     /// read and applied as one batch.
-    pub fn try_recv(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    pub fn try_recv(&self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
         buf.clear();
         self.socket.recv(buf, libc::MSG_DONTWAIT)
+    }
+
+    /// Makes the socket non-blocking, for polling it from an event loop.
+    pub fn set_non_blocking(&self) -> std::io::Result<()> {
+        self.socket.set_non_blocking(true)
+    }
+}
+
+impl AsRawFd for Subscription {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
     }
 }
 

@@ -27,10 +27,9 @@ use conntrack::{tcp_state, CtEvent, CtKind};
 use plan::{MemberView, NatListener, Program, TableSettings};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// What start-up prepared: the table exists (empty), the event socket is subscribed.
 pub struct Prepared {
@@ -203,11 +202,6 @@ struct Tracked {
     tcp_state: Option<u8>,
 }
 
-enum Feed {
-    Events(Vec<CtEvent>, u64),
-    Lost,
-}
-
 /// After lost events: sessions conntrack no longer has (and that began before the dump) ended
 /// unobserved; entries the gateway missed are adopted.
 #[allow(clippy::too_many_arguments)] // the event handler's state, passed apart as `handle` takes it
@@ -321,7 +315,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     let Prepared {
         settings,
         listeners,
-        mut subscription,
+        subscription,
         nft,
     } = prepared;
     let policy = shared.config.core.policy;
@@ -339,76 +333,24 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         }
     );
 
-    // Conntrack events: a blocking reader thread. A burst is read as one batch (every datagram
-    // already waiting) and applied under one lock; the receive buffer doubles, up to
-    // nat.event-buffer-max, each time the kernel drops events.
-    let (tx, mut rx) = mpsc::channel::<Feed>(1024);
-    let running = Arc::new(AtomicBool::new(true));
+    // Conntrack events: the socket is non-blocking and polled by this task. Whatever has
+    // arrived when it is readable (up to 256 datagrams) is decoded and applied under one lock;
+    // the receive buffer doubles, up to nat.event-buffer-max, each time the kernel drops events.
     let mut buffer = shared.config.nat.event_buffer;
     let buffer_max = shared.config.nat.event_buffer_max;
-    let reader = {
-        let running = running.clone();
-        std::thread::Builder::new()
-            .name("lsnat-conntrack".into())
-            .spawn(move || {
-                const BATCH: usize = 64;
-                let mut buf = Vec::with_capacity(1 << 16);
-                while running.load(Ordering::Relaxed) {
-                    let mut evs = Vec::new();
-                    let mut bad = 0;
-                    let mut lost = false;
-                    let mut failed = None;
-                    let mut r = subscription.recv(&mut buf);
-                    for _ in 0..BATCH {
-                        match r {
-                            Ok(_) => {
-                                for r in conntrack::parse_datagram(&buf) {
-                                    match r {
-                                        Ok(e) => evs.push(e),
-                                        Err(_) => bad += 1,
-                                    }
-                                }
-                            }
-                            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => lost = true,
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    std::io::ErrorKind::WouldBlock
-                                        | std::io::ErrorKind::TimedOut
-                                        | std::io::ErrorKind::Interrupted
-                                ) =>
-                            {
-                                break
-                            }
-                            Err(e) => {
-                                failed = Some(e);
-                                break;
-                            }
-                        }
-                        r = subscription.try_recv(&mut buf);
-                    }
-                    if (!evs.is_empty() || bad > 0)
-                        && tx.blocking_send(Feed::Events(evs, bad)).is_err()
-                    {
-                        break;
-                    }
-                    if lost {
-                        if buffer < buffer_max {
-                            buffer = (buffer * 2).min(buffer_max);
-                            let granted = subscription.set_buffer(buffer);
-                            tracing::info!(asked = buffer, granted, "conntrack event buffer enlarged after lost events");
-                        }
-                        if tx.blocking_send(Feed::Lost).is_err() {
-                            break;
-                        }
-                    }
-                    if let Some(e) = failed {
-                        tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
-                        break;
-                    }
-                }
-            })
+    let registered = subscription.set_non_blocking().and_then(|()| {
+        // SAFETY: the subscription owns its socket, which stays open and the same descriptor
+        // until the AsyncFd (its owner from here) is dropped.
+        unsafe { tokio::io::unix::AsyncFd::register(subscription) }.map_err(std::io::Error::from)
+    });
+    let mut events = match registered {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot poll the conntrack event socket; NAT receipts stop");
+            None
+        }
     };
+    let mut buf = Vec::with_capacity(1 << 16);
 
     let mut stats = Stats::default();
     let mut tracked: HashMap<FlowKey, Tracked> = HashMap::new();
@@ -479,44 +421,77 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                     }
                 }
             }
-            feed = rx.recv() => {
-                let Some(feed) = feed else { break };
-                // Everything already queued goes under the same lock.
-                let mut feeds = vec![feed];
-                while feeds.len() < 64 {
-                    match rx.try_recv() {
-                        Ok(f) => feeds.push(f),
-                        Err(_) => break,
-                    }
+            ready = async {
+                match &events {
+                    Some(a) => a.readable().await,
+                    None => std::future::pending().await,
                 }
+            } => {
+                let mut guard = match ready {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
+                        events = None;
+                        continue;
+                    }
+                };
+                let mut evs = Vec::new();
+                let mut bad = 0;
                 let mut lost = false;
-                shared.with(|core, now| {
-                    for feed in feeds {
-                        match feed {
-                            Feed::Lost => lost = true,
-                            Feed::Events(evs, bad) => {
-                                stats.malformed += bad;
-                                for e in evs {
-                                    stats.events += 1;
-                                    handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                let mut failed = None;
+                for _ in 0..256 {
+                    match guard.try_io(|a| a.get_ref().try_recv(&mut buf)) {
+                        // Drained: readiness is cleared, the next datagram wakes the task.
+                        Err(_would_block) => break,
+                        Ok(Ok(_)) => {
+                            for r in conntrack::parse_datagram(&buf) {
+                                match r {
+                                    Ok(e) => evs.push(e),
+                                    Err(_) => bad += 1,
                                 }
                             }
                         }
+                        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => lost = true,
+                        Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Ok(Err(e)) => {
+                            failed = Some(e);
+                            break;
+                        }
                     }
-                });
+                }
+                drop(guard);
+                stats.malformed += bad;
+                if !evs.is_empty() {
+                    shared.with(|core, now| {
+                        for e in evs {
+                            stats.events += 1;
+                            handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                        }
+                    });
+                }
                 if lost {
                     stats.lost += 1;
                     resync_due = true;
+                    if buffer < buffer_max {
+                        buffer = (buffer * 2).min(buffer_max);
+                        if let Some(a) = &events {
+                            let granted = a.get_ref().set_buffer(buffer);
+                            tracing::info!(asked = buffer, granted, "conntrack event buffer enlarged after lost events");
+                        }
+                    }
                     if last_lost_log.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
                         last_lost_log = Some(Instant::now());
                         tracing::warn!(times = stats.lost, "conntrack events were lost (socket buffer full; it grows up to nat.event-buffer-max): some receipts will be missing until the next resync");
                     }
                 }
+                if let Some(e) = failed {
+                    tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
+                    events = None;
+                }
             }
             _ = stop.changed() => break,
         }
     }
-    running.store(false, Ordering::Relaxed);
     let removed = {
         let s2 = settings.clone();
         let nft2 = nft.clone();
@@ -529,9 +504,6 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         other => {
             tracing::error!(table = %settings.table, result = ?other, "removing the nftables table failed")
         }
-    }
-    if let Ok(h) = reader {
-        let _ = tokio::task::spawn_blocking(move || h.join()).await;
     }
     tracing::info!(?stats, "NAT data plane stopped");
 }
