@@ -97,7 +97,8 @@ pub struct ListenerConfig {
 /// Data plane settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeConfig {
-    /// Tokio worker threads (None: one per core).
+    /// Worker threads, each with a current-thread runtime and its own socket of every TCP
+    /// listener (None: one per CPU the process may run on).
     pub worker_threads: Option<usize>,
     /// Relay buffer per direction of a TCP session, bytes.
     pub buffer_size: usize,
@@ -165,8 +166,13 @@ pub struct NatConfig {
     pub refresh: Duration,
     /// Refuse to start (instead of falling back to the proxy) when NAT cannot be programmed.
     pub required: bool,
-    /// Receive buffer of the conntrack event socket, bytes.
+    /// Receive buffer of the conntrack event socket, bytes (doubled, up to
+    /// `event_buffer_max`, each time the kernel drops events).
     pub event_buffer: usize,
+    /// Largest receive buffer the event socket grows to, bytes.
+    pub event_buffer_max: usize,
+    /// Which conntrack events the kernel generates for the gateway's sessions.
+    pub events: crate::nat::plan::NatEvents,
     /// Turn on conntrack accounting (`net.netfilter.nf_conntrack_acct`) so that DESTROY
     /// events carry byte counters.
     pub conntrack_accounting: bool,
@@ -183,6 +189,8 @@ impl Default for NatConfig {
             refresh: Duration::from_millis(100),
             required: false,
             event_buffer: 8 << 20,
+            event_buffer_max: 256 << 20,
+            events: crate::nat::plan::NatEvents::Answer,
             conntrack_accounting: true,
             nft: "nft".into(),
         }
@@ -240,6 +248,8 @@ struct RawNat {
     refresh: Option<toml::Value>,
     required: Option<bool>,
     event_buffer: Option<i64>,
+    event_buffer_max: Option<i64>,
+    events: Option<String>,
     conntrack_accounting: Option<bool>,
     nft: Option<String>,
 }
@@ -553,19 +563,42 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
     if refresh < Duration::from_millis(10) || refresh > Duration::from_secs(60) {
         return Err(c.err("nat.refresh", "must be between 10ms and 60s"));
     }
+    let event_buffer = c.int(
+        "nat.event-buffer",
+        r.event_buffer,
+        d.event_buffer,
+        65_536,
+        1 << 30,
+    )?;
+    let event_buffer_max = c.int(
+        "nat.event-buffer-max",
+        r.event_buffer_max,
+        d.event_buffer_max.max(event_buffer),
+        event_buffer as i64,
+        1 << 30,
+    )?;
+    use crate::nat::plan::NatEvents;
+    let events = match r.events.as_deref() {
+        None => d.events,
+        Some("answer") => NatEvents::Answer,
+        Some("end") => NatEvents::End,
+        Some("all") => NatEvents::All,
+        Some(other) => {
+            return Err(c.err(
+                "nat.events",
+                format!("{other:?} is not \"answer\", \"end\" or \"all\""),
+            ))
+        }
+    };
     Ok(NatConfig {
         table,
         source_nat,
         max_slots: c.int("nat.max-slots", r.max_slots, d.max_slots, 1, 65_536)?,
         refresh,
         required: r.required.unwrap_or(d.required),
-        event_buffer: c.int(
-            "nat.event-buffer",
-            r.event_buffer,
-            d.event_buffer,
-            65_536,
-            1 << 30,
-        )?,
+        event_buffer,
+        event_buffer_max,
+        events,
         conntrack_accounting: r.conntrack_accounting.unwrap_or(d.conntrack_accounting),
         nft: r.nft.clone().unwrap_or(d.nft),
     })

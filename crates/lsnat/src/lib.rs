@@ -88,7 +88,9 @@ pub struct LsnatArgs {
     /// Deprecated spelling of `--metrics`.
     #[arg(long, hide = true, value_name = "ADDR:PORT")]
     pub status: Option<String>,
-    /// Tokio worker threads (default: one per core).
+    /// Worker threads, each with its own event loop and its own listening socket per TCP
+    /// listener (SO_REUSEPORT; the kernel spreads connections over them) (default: one per
+    /// CPU).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Check the configuration, bind what would be bound (and let go), print a summary and the
@@ -146,8 +148,7 @@ fn print_line(text: &str) {
 
 /// Runs `rserpool lsnat`: reads the configuration, sets up logging to stderr (`RUST_LOG`,
 /// default info),
-/// builds a tokio runtime with the configured worker threads and serves until Ctrl-C or
-/// SIGTERM.
+/// starts the configured worker threads and serves until Ctrl-C or SIGTERM.
 #[cfg(feature = "runtime")]
 pub fn run(args: &LsnatArgs) -> anyhow::Result<()> {
     let config = args.load()?;
@@ -173,17 +174,10 @@ pub fn run(args: &LsnatArgs) -> anyhow::Result<()> {
         print_line("configuration ok; every address can be bound");
         return Ok(());
     }
-    // One worker: a current-thread runtime does the same work without the work-stealing
-    // scheduler's cross-thread bookkeeping.
-    let mut rt = match config.runtime.worker_threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    };
+    // The calling thread is worker 0 and runs the timers, probes and endpoint beside its
+    // relays; the driver starts the other workers, each a thread with a current-thread
+    // runtime of its own (no work-stealing scheduler, no task moving between threads).
+    let mut rt = tokio::runtime::Builder::new_current_thread();
     rt.enable_all();
     let rt = rt.build().context("building the tokio runtime")?;
     rt.block_on(serve(config))

@@ -148,3 +148,36 @@ async fn without_root_nat_falls_back_to_the_proxy_or_refuses_when_required() {
     let src = rserpool_lsnat::member_source(&c);
     assert!(rserpool_lsnat::start(c, src).await.is_err());
 }
+
+#[test]
+fn which_conntrack_events_and_how_large_a_buffer() {
+    use rserpool_lsnat::nat::plan::NatEvents;
+    let c = load("", "").unwrap();
+    assert_eq!(c.nat.events, NatEvents::Answer);
+    assert_eq!(c.nat.event_buffer, 8 << 20);
+    assert_eq!(c.nat.event_buffer_max, 256 << 20);
+    for (text, want) in [
+        ("answer", NatEvents::Answer),
+        ("end", NatEvents::End),
+        ("all", NatEvents::All),
+    ] {
+        let c = load("", &format!("[nat]\nevents = \"{text}\"\n")).unwrap();
+        assert_eq!(c.nat.events, want);
+        assert_eq!(want.name(), text);
+    }
+    let e = load("", "[nat]\nevents = \"some\"\n").unwrap_err();
+    assert_eq!(field_of(e), "nat.events");
+    // The ceiling cannot be below the starting size.
+    let e = load(
+        "",
+        "[nat]\nevent-buffer = 1048576\nevent-buffer-max = 65536\n",
+    )
+    .unwrap_err();
+    assert_eq!(field_of(e), "nat.event-buffer-max");
+    let c = load(
+        "",
+        "[nat]\nevent-buffer = 1048576\nevent-buffer-max = 4194304\n",
+    )
+    .unwrap();
+    assert_eq!(c.nat.event_buffer_max, 4 << 20);
+}

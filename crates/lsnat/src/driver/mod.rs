@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     inner: Mutex<Inner>,
     start: Instant,
     pub(crate) config: Config,
+    /// TCP relays running now (on every worker): a stopping worker waits for its own to end.
+    pub(crate) relays: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -170,6 +172,7 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
         }),
         start: Instant::now(),
         config,
+        relays: std::sync::atomic::AtomicUsize::new(0),
     });
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
@@ -220,17 +223,40 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
             shutdown_rx.clone(),
         ));
     }
+    // Worker 0 is the caller's runtime; workers 1.. are threads with a current-thread runtime
+    // each, every one accepting on its own socket of each TCP listener (SO_REUSEPORT): a
+    // connection is accepted, relayed and closed on one thread, with no task handed between
+    // threads.
+    let mut per_worker: Vec<Vec<std::net::TcpListener>> =
+        (0..bound.workers.max(1)).map(|_| Vec::new()).collect();
     for (p, local, listener) in bound.listeners {
         tracing::info!(address = %local, protocol = p.name(), "listening");
         listeners.push((p, local));
         match listener {
-            BoundListener::Tcp(l) => {
-                tasks.spawn(tcp::accept_loop(shared.clone(), l, shutdown_rx.clone()));
+            BoundListener::Tcp(group) => {
+                let n = per_worker.len();
+                for (w, l) in group.into_iter().enumerate() {
+                    per_worker[w % n].push(l);
+                }
             }
             BoundListener::Udp(s) => {
                 tasks.spawn(udp::listener_loop(shared.clone(), s, shutdown_rx.clone()));
             }
         }
+    }
+    let mut per_worker = per_worker.into_iter();
+    for l in per_worker.next().unwrap_or_default() {
+        let l = tokio::net::TcpListener::from_std(l)?;
+        tasks.spawn(tcp::accept_loop(shared.clone(), l, shutdown_rx.clone()));
+    }
+    for (n, ls) in per_worker.enumerate() {
+        if ls.is_empty() {
+            continue;
+        }
+        let handle = spawn_worker(n + 1, shared.clone(), ls, shutdown_rx.clone())?;
+        tasks.spawn(async move {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        });
     }
     let status = match bound.status {
         Some(l) => {
@@ -254,14 +280,63 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     })
 }
 
+/// A worker thread: its own current-thread runtime accepting on its sockets until the
+/// gateway stops, then waiting (up to two seconds) for the relays the stop ended to finish.
+fn spawn_worker(
+    n: usize,
+    shared: Arc<Shared>,
+    listeners: Vec<std::net::TcpListener>,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name(format!("lsnat-worker-{n}"))
+        .spawn(move || {
+            rt.block_on(async move {
+                let mut loops = JoinSet::new();
+                for l in listeners {
+                    match tokio::net::TcpListener::from_std(l) {
+                        Ok(l) => {
+                            loops.spawn(tcp::accept_loop(shared.clone(), l, stop.clone()));
+                        }
+                        Err(e) => {
+                            tracing::error!(worker = n, error = %e, "cannot register a listener")
+                        }
+                    }
+                }
+                while loops.join_next().await.is_some() {}
+                let deadline = Instant::now() + std::time::Duration::from_secs(2);
+                while shared.relays.load(std::sync::atomic::Ordering::Relaxed) > 0
+                    && Instant::now() < deadline
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            });
+        })
+}
+
+/// Worker threads for `config`: `runtime.worker_threads`, or one per CPU this process may run
+/// on.
+pub(crate) fn workers(config: &Config) -> usize {
+    config.runtime.worker_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}
+
 enum BoundListener {
-    Tcp(tokio::net::TcpListener),
+    /// One socket per worker.
+    Tcp(Vec<std::net::TcpListener>),
     Udp(tokio::net::UdpSocket),
 }
 
 struct Bound {
     listeners: Vec<(Protocol, SocketAddr, BoundListener)>,
     status: Option<tokio::net::TcpListener>,
+    workers: usize,
 }
 
 /// The error of a bind, with what was bound and where (the operating system's message alone
@@ -274,12 +349,17 @@ fn bind_error(what: &str, addr: SocketAddr, e: std::io::Error) -> std::io::Error
 /// listeners.
 async fn bind_all(config: &Config, with_listeners: bool) -> std::io::Result<Bound> {
     let mut listeners = Vec::new();
+    let workers = workers(config);
     for l in config.listeners.iter().filter(|_| with_listeners) {
         let (local, b) = match l.protocol {
             Protocol::Tcp => {
-                let s =
-                    tcp::bind(l.address).map_err(|e| bind_error("TCP listener", l.address, e))?;
-                (s.local_addr()?, BoundListener::Tcp(s))
+                let group = tcp::bind_group(l.address, workers)
+                    .map_err(|e| bind_error("TCP listener", l.address, e))?;
+                let local = match group.first() {
+                    Some(s) => s.local_addr()?,
+                    None => l.address,
+                };
+                (local, BoundListener::Tcp(group))
             }
             Protocol::Udp => {
                 let s =
@@ -297,7 +377,11 @@ async fn bind_all(config: &Config, with_listeners: bool) -> std::io::Result<Boun
         ),
         None => None,
     };
-    Ok(Bound { listeners, status })
+    Ok(Bound {
+        listeners,
+        status,
+        workers,
+    })
 }
 
 /// Checks that everything `config` would bind can be bound now (`--check`), then lets go.

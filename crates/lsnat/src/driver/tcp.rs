@@ -15,18 +15,52 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 
 /// Binds a listening socket (IPv6 sockets are IPv6-only, so an IPv4 and an IPv6 listener on
-/// the same port can coexist).
-pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+/// the same port can coexist). With `reuse_port`, the socket joins the port's SO_REUSEPORT
+/// group: each worker thread has its own socket and accept queue, and the kernel spreads new
+/// connections over them.
+pub(crate) fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
     let domain = socket2::Domain::for_address(addr);
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
     s.set_reuse_address(true)?;
+    #[cfg(unix)]
+    if reuse_port {
+        s.set_reuse_port(true)?;
+    }
+    #[cfg(not(unix))]
+    let _ = reuse_port;
     if addr.is_ipv6() {
         s.set_only_v6(true)?;
     }
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
     s.listen(4096)?;
-    TcpListener::from_std(s.into())
+    Ok(s.into())
+}
+
+/// Binds `workers` listening sockets on `addr`, one per worker thread (SO_REUSEPORT where
+/// there is more than one). The port is first bound alone, without SO_REUSEPORT, so that a
+/// port another process listens on is refused as "in use" (not shared with it); with port 0
+/// that first bind picks the port all workers then share.
+pub(crate) fn bind_group(
+    addr: SocketAddr,
+    workers: usize,
+) -> io::Result<Vec<std::net::TcpListener>> {
+    if workers <= 1 || cfg!(not(unix)) {
+        return Ok(vec![bind(addr, false)?]);
+    }
+    let resolved = {
+        let domain = socket2::Domain::for_address(addr);
+        let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+        s.set_reuse_address(true)?;
+        if addr.is_ipv6() {
+            s.set_only_v6(true)?;
+        }
+        s.bind(&addr.into())?;
+        s.local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("bound address is not an IP address"))?
+    };
+    (0..workers).map(|_| bind(resolved, true)).collect()
 }
 
 fn abort(stream: &TcpStream) {
@@ -145,6 +179,15 @@ impl Ctx<'_> {
         self.shared.with(|core, now| core.activity(now, id, m, c));
     }
 
+    /// Hands the core the traffic not yet reported, from inside a call that holds its lock
+    /// already (one lock per event, not two).
+    fn report_into(&self, core: &mut crate::core::Gateway, now: crate::core::Time) {
+        let (m, c) = self.pending.take();
+        if m.bytes != 0 || c.bytes != 0 {
+            core.activity(now, self.id, m, c);
+        }
+    }
+
     pub(crate) fn first(&self, from: Side) {
         let id = self.id;
         self.shared.with(|core, now| match from {
@@ -160,10 +203,11 @@ impl Ctx<'_> {
 
     pub(crate) fn half_closed(&self, from: Side) {
         self.done.fetch_or(side_bit(from), Ordering::Relaxed);
-        self.report();
         let id = self.id;
-        self.shared
-            .with(|core, now| core.half_closed(now, id, from));
+        self.shared.with(|core, now| {
+            self.report_into(core, now);
+            core.half_closed(now, id, from);
+        });
     }
 }
 
@@ -252,6 +296,22 @@ fn io_reason(e: &io::Error) -> String {
     }
 }
 
+/// Counts a relay as running while it lives (a stopping worker waits for them).
+struct Live(Arc<Shared>);
+
+impl Live {
+    fn new(shared: Arc<Shared>) -> Live {
+        shared.relays.fetch_add(1, Ordering::Relaxed);
+        Live(shared)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.relays.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 async fn session(
     shared: Arc<Shared>,
     client: TcpStream,
@@ -259,6 +319,7 @@ async fn session(
     mut kill: oneshot::Receiver<Outcome>,
 ) {
     let id = binding.session;
+    let _live = Live::new(shared.clone());
     let timeout = shared.config.connect_timeout;
     let member = loop {
         let attempt = tokio::select! {
@@ -306,7 +367,13 @@ async fn relay(
         splice: shared.config.runtime.splice,
         done: AtomicU8::new(0),
         id,
-        pending: Pending::default(),
+        // The first report is due one interval after the start (not at the first read).
+        pending: Pending {
+            last_report_ns: AtomicU64::new(
+                u64::try_from(shared.now().as_nanos()).unwrap_or(u64::MAX),
+            ),
+            ..Pending::default()
+        },
         report_ns: u64::try_from(shared.config.runtime.report_interval.as_nanos())
             .unwrap_or(u64::MAX),
     };
@@ -346,9 +413,9 @@ async fn relay(
             }
         }
     };
-    ctx.report();
     let now = shared.now();
     let mut g = shared.lock();
+    ctx.report_into(&mut g.core, now);
     g.core.closed(now, id, outcome);
     g.kills.remove(&id);
     g.apply_actions();

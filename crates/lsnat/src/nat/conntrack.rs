@@ -83,6 +83,8 @@ pub struct CtEvent {
     pub member: Option<SocketAddr>,
     /// A packet came back from the member.
     pub seen_reply: bool,
+    /// Conntrack judged the connection assured (TCP: the handshake completed).
+    pub assured: bool,
     /// The kernel translated the destination.
     pub dnat: bool,
     /// TCP state, if this is TCP and the event carries it.
@@ -289,6 +291,7 @@ fn event(header: &NetlinkHeader, m: NetfilterMessage) -> Result<Option<CtEvent>,
         virtual_address: SocketAddr::new(dst, dport),
         member,
         seen_reply: status.contains(Status::SeenReply),
+        assured: status.contains(Status::Assured),
         dnat: status.contains(Status::DstNat),
         tcp_state,
         client_closed_first,
@@ -307,29 +310,44 @@ pub struct Subscription {
     socket: netlink_sys::Socket,
 }
 
+fn set_int(fd: std::os::fd::RawFd, option: libc::c_int, value: libc::c_int) -> bool {
+    // SAFETY: setsockopt on a socket we own, with a correctly sized int value.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 impl Subscription {
-    /// Opens the socket, joins the NEW, UPDATE and DESTROY groups, asks for a receive buffer
-    /// of `rcvbuf` bytes (forced past `rmem_max` where the process may) and a receive timeout
-    /// so the reading thread can notice shutdown. Needs CAP_NET_ADMIN.
-    pub fn open(rcvbuf: usize, timeout: std::time::Duration) -> std::io::Result<Subscription> {
+    /// Opens the socket, joins the NEW and DESTROY groups (and UPDATE with `updates`), asks
+    /// for a receive buffer of `rcvbuf` bytes (forced past `rmem_max` where the process may)
+    /// and a receive timeout so the reading thread can notice shutdown. Needs CAP_NET_ADMIN.
+    pub fn open(
+        rcvbuf: usize,
+        timeout: std::time::Duration,
+        updates: bool,
+    ) -> std::io::Result<Subscription> {
         let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
         socket.bind_auto()?;
-        for g in [GROUP_NEW, GROUP_UPDATE, GROUP_DESTROY] {
-            socket.add_membership(g)?;
+        socket.add_membership(GROUP_NEW)?;
+        if updates {
+            socket.add_membership(GROUP_UPDATE)?;
         }
-        let fd = socket.as_raw_fd();
-        let size = rcvbuf.min(i32::MAX as usize) as libc::c_int;
-        // SAFETY: plain setsockopt calls on a socket we own, with correctly sized values.
+        socket.add_membership(GROUP_DESTROY)?;
+        let s = Subscription { socket };
+        s.set_buffer(rcvbuf);
+        let fd = s.socket.as_raw_fd();
+        let tv = libc::timeval {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: setsockopt on a socket we own, with a correctly sized timeval.
         unsafe {
-            let p = &size as *const libc::c_int as *const libc::c_void;
-            let l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, p, l) != 0 {
-                libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, p, l);
-            }
-            let tv = libc::timeval {
-                tv_sec: timeout.as_secs() as libc::time_t,
-                tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-            };
             libc::setsockopt(
                 fd,
                 libc::SOL_SOCKET,
@@ -338,7 +356,30 @@ impl Subscription {
                 std::mem::size_of::<libc::timeval>() as libc::socklen_t,
             );
         }
-        Ok(Subscription { socket })
+        Ok(s)
+    }
+
+    /// Asks for a receive buffer of `bytes` (forced past `rmem_max` where the process may).
+    /// Returns the size the kernel granted (it counts overhead, so about twice what was asked).
+    pub fn set_buffer(&self, bytes: usize) -> usize {
+        let fd = self.socket.as_raw_fd();
+        let size = bytes.min(i32::MAX as usize / 2) as libc::c_int;
+        if !set_int(fd, libc::SO_RCVBUFFORCE, size) {
+            set_int(fd, libc::SO_RCVBUF, size);
+        }
+        let mut got: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt into an int we own, with its size.
+        unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                &mut got as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            );
+        }
+        got.max(0) as usize
     }
 
     /// Receives one datagram (blocking up to the timeout; WouldBlock/TimedOut then).
@@ -346,6 +387,24 @@ impl Subscription {
     pub fn recv(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
         buf.clear();
         self.socket.recv(buf, 0)
+    }
+
+    /// Receives one datagram if one is waiting (WouldBlock otherwise): a burst of events is
+    /// read and applied as one batch.
+    pub fn try_recv(&self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        buf.clear();
+        self.socket.recv(buf, libc::MSG_DONTWAIT)
+    }
+
+    /// Makes the socket non-blocking, for polling it from an event loop.
+    pub fn set_non_blocking(&self) -> std::io::Result<()> {
+        self.socket.set_non_blocking(true)
+    }
+}
+
+impl AsRawFd for Subscription {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
     }
 }
 

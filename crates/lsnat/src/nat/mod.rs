@@ -27,10 +27,9 @@ use conntrack::{tcp_state, CtEvent, CtKind};
 use plan::{MemberView, NatListener, Program, TableSettings};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// What start-up prepared: the table exists (empty), the event socket is subscribed.
 pub struct Prepared {
@@ -59,6 +58,7 @@ pub fn table_settings(config: &Config) -> TableSettings {
         max_slots: config.nat.max_slots,
         persistence: (!p.timeout.is_zero()).then_some((p.netmask_v4, p.timeout)),
         persistence_max: p.max_entries.min(u32::MAX as usize) as u32,
+        events: config.nat.events,
     }
 }
 
@@ -118,12 +118,15 @@ pub fn prepare(config: &Config) -> Result<Prepared, String> {
     let settings = table_settings(config);
     apply(&config.nat.nft, &plan::fresh_table(&settings))
         .map_err(|e| format!("cannot program nftables table {}: {e}", settings.table))?;
-    let subscription =
-        conntrack::Subscription::open(config.nat.event_buffer, Duration::from_millis(200))
-            .map_err(|e| {
-                let _ = apply(&config.nat.nft, &plan::remove_table(&settings));
-                format!("cannot subscribe to conntrack events over netlink: {e}")
-            })?;
+    let subscription = conntrack::Subscription::open(
+        config.nat.event_buffer,
+        Duration::from_millis(200),
+        config.nat.events.updates(),
+    )
+    .map_err(|e| {
+        let _ = apply(&config.nat.nft, &plan::remove_table(&settings));
+        format!("cannot subscribe to conntrack events over netlink: {e}")
+    })?;
     if config.nat.conntrack_accounting {
         const ACCT: &str = "/proc/sys/net/netfilter/nf_conntrack_acct";
         match std::fs::read_to_string(ACCT) {
@@ -201,11 +204,6 @@ struct Tracked {
     reached: bool,
     half_closed: bool,
     tcp_state: Option<u8>,
-}
-
-enum Feed {
-    Events(Vec<CtEvent>, u64),
-    Lost,
 }
 
 /// After lost events: sessions conntrack no longer has (and that began before the dump) ended
@@ -321,7 +319,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     let Prepared {
         settings,
         listeners,
-        mut subscription,
+        subscription,
         nft,
     } = prepared;
     let policy = shared.config.core.policy;
@@ -339,52 +337,24 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         }
     );
 
-    // Conntrack events: a blocking reader thread.
-    let (tx, mut rx) = mpsc::channel::<Feed>(1024);
-    let running = Arc::new(AtomicBool::new(true));
-    let reader = {
-        let running = running.clone();
-        std::thread::Builder::new()
-            .name("lsnat-conntrack".into())
-            .spawn(move || {
-                let mut buf = Vec::with_capacity(1 << 16);
-                while running.load(Ordering::Relaxed) {
-                    match subscription.recv(&mut buf) {
-                        Ok(_) => {
-                            let mut evs = Vec::new();
-                            let mut bad = 0;
-                            for r in conntrack::parse_datagram(&buf) {
-                                match r {
-                                    Ok(e) => evs.push(e),
-                                    Err(_) => bad += 1,
-                                }
-                            }
-                            if (!evs.is_empty() || bad > 0)
-                                && tx.blocking_send(Feed::Events(evs, bad)).is_err()
-                            {
-                                break;
-                            }
-                        }
-                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                            if tx.blocking_send(Feed::Lost).is_err() {
-                                break;
-                            }
-                        }
-                        Err(e)
-                            if matches!(
-                                e.kind(),
-                                std::io::ErrorKind::WouldBlock
-                                    | std::io::ErrorKind::TimedOut
-                                    | std::io::ErrorKind::Interrupted
-                            ) => {}
-                        Err(e) => {
-                            tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
-                            break;
-                        }
-                    }
-                }
-            })
+    // Conntrack events: the socket is non-blocking and polled by this task. Whatever has
+    // arrived when it is readable (up to 256 datagrams) is decoded and applied under one lock;
+    // the receive buffer doubles, up to nat.event-buffer-max, each time the kernel drops events.
+    let mut buffer = shared.config.nat.event_buffer;
+    let buffer_max = shared.config.nat.event_buffer_max;
+    let registered = subscription.set_non_blocking().and_then(|()| {
+        // SAFETY: the subscription owns its socket, which stays open and the same descriptor
+        // until the AsyncFd (its owner from here) is dropped.
+        unsafe { tokio::io::unix::AsyncFd::register(subscription) }.map_err(std::io::Error::from)
+    });
+    let mut events = match registered {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot poll the conntrack event socket; NAT receipts stop");
+            None
+        }
     };
+    let mut buf = Vec::with_capacity(1 << 16);
 
     let mut stats = Stats::default();
     let mut tracked: HashMap<FlowKey, Tracked> = HashMap::new();
@@ -455,32 +425,77 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                     }
                 }
             }
-            feed = rx.recv() => {
-                let Some(feed) = feed else { break };
-                match feed {
-                    Feed::Lost => {
-                        stats.lost += 1;
-                        resync_due = true;
-                        if last_lost_log.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
-                            last_lost_log = Some(Instant::now());
-                            tracing::warn!(times = stats.lost, "conntrack events were lost (socket buffer full; raise nat.event-buffer): some receipts will be missing");
+            ready = async {
+                match &events {
+                    Some(a) => a.readable().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let mut guard = match ready {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
+                        events = None;
+                        continue;
+                    }
+                };
+                let mut evs = Vec::new();
+                let mut bad = 0;
+                let mut lost = false;
+                let mut failed = None;
+                for _ in 0..256 {
+                    match guard.try_io(|a| a.get_ref().try_recv(&mut buf)) {
+                        // Drained: readiness is cleared, the next datagram wakes the task.
+                        Err(_would_block) => break,
+                        Ok(Ok(_)) => {
+                            for r in conntrack::parse_datagram(&buf) {
+                                match r {
+                                    Ok(e) => evs.push(e),
+                                    Err(_) => bad += 1,
+                                }
+                            }
+                        }
+                        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => lost = true,
+                        Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Ok(Err(e)) => {
+                            failed = Some(e);
+                            break;
                         }
                     }
-                    Feed::Events(evs, bad) => {
-                        stats.malformed += bad;
-                        shared.with(|core, now| {
-                            for e in evs {
-                                stats.events += 1;
-                                handle(core, now, e, by, &ours, &mut tracked, &mut stats);
-                            }
-                        });
+                }
+                drop(guard);
+                stats.malformed += bad;
+                if !evs.is_empty() {
+                    shared.with(|core, now| {
+                        for e in evs {
+                            stats.events += 1;
+                            handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                        }
+                    });
+                }
+                if lost {
+                    stats.lost += 1;
+                    resync_due = true;
+                    if buffer < buffer_max {
+                        buffer = (buffer * 2).min(buffer_max);
+                        if let Some(a) = &events {
+                            let granted = a.get_ref().set_buffer(buffer);
+                            tracing::info!(asked = buffer, granted, "conntrack event buffer enlarged after lost events");
+                        }
                     }
+                    if last_lost_log.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
+                        last_lost_log = Some(Instant::now());
+                        tracing::warn!(times = stats.lost, "conntrack events were lost (socket buffer full; it grows up to nat.event-buffer-max): some receipts will be missing until the next resync");
+                    }
+                }
+                if let Some(e) = failed {
+                    tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
+                    events = None;
                 }
             }
             _ = stop.changed() => break,
         }
     }
-    running.store(false, Ordering::Relaxed);
     let removed = {
         let s2 = settings.clone();
         let nft2 = nft.clone();
@@ -493,9 +508,6 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         other => {
             tracing::error!(table = %settings.table, result = ?other, "removing the nftables table failed")
         }
-    }
-    if let Ok(h) = reader {
-        let _ = tokio::task::spawn_blocking(move || h.join()).await;
     }
     tracing::info!(?stats, "NAT data plane stopped");
 }
@@ -554,10 +566,15 @@ fn handle(
     let answered = match e.protocol {
         // The member's SYN-ACK moves conntrack past SYN_SENT; a RST answer goes to CLOSE
         // without it (refused, not reached).
-        Protocol::Tcp => matches!(
-            t.tcp_state,
-            Some(tcp_state::SYN_RECV..=tcp_state::TIME_WAIT)
-        ),
+        // With only NEW and DESTROY (nat.events = "end"), a reset session was reached if
+        // conntrack had judged it assured (the handshake completed) before the reset.
+        Protocol::Tcp => {
+            e.assured
+                || matches!(
+                    t.tcp_state,
+                    Some(tcp_state::SYN_RECV..=tcp_state::TIME_WAIT)
+                )
+        }
         Protocol::Udp => e.seen_reply,
     };
     if answered && !t.reached {
@@ -705,6 +722,7 @@ mod tests {
             virtual_address: VIP.parse().unwrap(),
             member: Some(member.parse().unwrap()),
             seen_reply: false,
+            assured: false,
             dnat: true,
             tcp_state: Some(tcp_state::SYN_SENT),
             client_closed_first: None,
@@ -778,6 +796,59 @@ mod tests {
         assert_eq!((r.bytes_to_member, r.bytes_to_client), (330, 290));
         assert_eq!(r.outcome, Some(Outcome::Closed));
         assert_eq!(r.ended_ms, Some(2000));
+        assert!(h.tracked.is_empty());
+    }
+
+    #[test]
+    fn with_the_answer_events_an_assured_update_is_reached_and_destroy_ends() {
+        // nat.events = "answer": NEW, one update when conntrack judges the connection
+        // assured, DESTROY.
+        let mut h = Harness::new();
+        h.feed(10, ev(CtKind::New, 40100, "10.0.2.3:7000"));
+        let mut e = ev(CtKind::Update, 40100, "10.0.2.3:7000");
+        e.seen_reply = true;
+        e.assured = true;
+        h.feed(12, e);
+        let mut e = ev(CtKind::Destroy, 40100, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::TIME_WAIT);
+        e.assured = true;
+        h.feed(3000, e);
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert_eq!(r.reached_ms, Some(12));
+        assert_eq!(r.outcome, Some(Outcome::Closed));
+    }
+
+    #[test]
+    fn with_new_and_destroy_only_reached_comes_from_the_destroy_event() {
+        // nat.events = "end": what happened is learnt when the session ends.
+        let mut h = Harness::new();
+        // A closed session: TIME_WAIT at the end.
+        h.feed(10, ev(CtKind::New, 40200, "10.0.2.3:7000"));
+        let mut e = ev(CtKind::Destroy, 40200, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::TIME_WAIT);
+        e.seen_reply = true;
+        e.assured = true;
+        h.feed(2000, e);
+        let r = h.core.recent_outcomes().last().unwrap().clone();
+        assert_eq!(r.reached_ms, Some(2000));
+        assert_eq!(r.outcome, Some(Outcome::Closed));
+        // Reset after the handshake: assured, then CLOSE.
+        h.feed(2100, ev(CtKind::New, 40201, "10.0.2.3:7000"));
+        let mut e = ev(CtKind::Destroy, 40201, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::CLOSE);
+        e.seen_reply = true;
+        e.assured = true;
+        h.feed(2200, e);
+        assert_eq!(h.core.outcome_count("reset_unattributed"), 1);
+        // The member reset the SYN: a reply was seen, never assured.
+        h.feed(2300, ev(CtKind::New, 40202, "10.0.2.3:7000"));
+        let mut e = ev(CtKind::Destroy, 40202, "10.0.2.3:7000");
+        e.tcp_state = Some(tcp_state::CLOSE);
+        e.seen_reply = true;
+        h.feed(2301, e);
+        assert_eq!(h.core.outcome_count("connect_failed"), 1);
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert!(r.reached_ms.is_none());
         assert!(h.tracked.is_empty());
     }
 

@@ -57,6 +57,50 @@ pub struct TableSettings {
     pub persistence: Option<(u8, Duration)>,
     /// Most entries per member's persistence set.
     pub persistence_max: u32,
+    /// Which conntrack events the kernel reports for the gateway's sessions.
+    pub events: NatEvents,
+}
+
+/// Which conntrack events the kernel generates for a translated session (`ct event set` on
+/// its first packet), and so how soon the receipts know what happened. Fewer events cost the
+/// kernel and the gateway less per connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatEvents {
+    /// NEW, the answer (TCP: the handshake completed, conntrack's ASSURED; UDP: the first
+    /// reply) and DESTROY: three events per session, "reached" when it happens.
+    Answer,
+    /// NEW and DESTROY only: two events; "reached" is learnt from the DESTROY event (its state
+    /// and status), at the end of the session.
+    End,
+    /// Every event conntrack sends (each TCP state change): half-closes are seen when they
+    /// happen; about seven events per short TCP connection.
+    All,
+}
+
+impl NatEvents {
+    /// The configuration's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            NatEvents::Answer => "answer",
+            NatEvents::End => "end",
+            NatEvents::All => "all",
+        }
+    }
+
+    /// Whether the UPDATE event group is needed.
+    pub fn updates(self) -> bool {
+        self != NatEvents::End
+    }
+
+    /// The `ct event set` mask for a protocol (None: conntrack's default, every event).
+    fn mask(self, protocol: Protocol) -> Option<Vec<&'static str>> {
+        match (self, protocol) {
+            (NatEvents::All, _) => None,
+            (NatEvents::End, _) => Some(vec!["new", "destroy"]),
+            (NatEvents::Answer, Protocol::Tcp) => Some(vec!["new", "assured", "destroy"]),
+            (NatEvents::Answer, Protocol::Udp) => Some(vec!["new", "reply", "destroy"]),
+        }
+    }
 }
 
 /// A virtual address programmed in the kernel.
@@ -540,18 +584,26 @@ pub fn rules(s: &TableSettings, p: &Program) -> Vec<schema::Rule<'static>> {
     let mut out = Vec::new();
     for (l, li) in p.listeners.iter().enumerate() {
         let proto = proto_name(li.protocol);
-        out.push(rule(
-            s,
-            PREROUTING.to_string(),
-            vec![
-                eq(payload("ip", "daddr"), string(li.address.ip().to_string())),
-                eq(
-                    payload(proto, "dport"),
-                    Expression::Number(u32::from(li.address.port())),
+        let mut e = vec![
+            eq(payload("ip", "daddr"), string(li.address.ip().to_string())),
+            eq(
+                payload(proto, "dport"),
+                Expression::Number(u32::from(li.address.port())),
+            ),
+        ];
+        // Only the first packet of a connection passes here: the mask is the session's.
+        if let Some(mask) = s.events.mask(li.protocol) {
+            e.push(Statement::Mangle(stmt::Mangle {
+                key: ct("event", None),
+                value: Expression::List(
+                    mask.into_iter()
+                        .map(|m| Expression::String(Cow::Borrowed(m)))
+                        .collect(),
                 ),
-                goto(lb_chain(l)),
-            ],
-        ));
+            }));
+        }
+        e.push(goto(lb_chain(l)));
+        out.push(rule(s, PREROUTING.to_string(), e));
         if let Some((mask, _)) = s.persistence {
             for m in p.eligible() {
                 out.push(rule(
@@ -681,6 +733,7 @@ mod tests {
             max_slots: 256,
             persistence: None,
             persistence_max: 1000,
+            events: NatEvents::Answer,
         }
     }
 
@@ -840,6 +893,29 @@ mod tests {
         for r in rules(&settings(), &p) {
             assert_eq!(r.table, "t_test");
         }
+    }
+
+    #[test]
+    fn the_first_packet_sets_which_conntrack_events_the_session_sends() {
+        let p = Program::new(
+            LoadSharePolicy::RoundRobin,
+            vec![listener()],
+            vec![m(0, 2, 1)],
+            256,
+        );
+        let text = |events| {
+            let mut st = settings();
+            st.events = events;
+            serde_json::to_string(&rules(&st, &p)).unwrap()
+        };
+        assert!(text(NatEvents::Answer).contains(
+            r#"{"mangle":{"key":{"ct":{"key":"event"}},"value":["new","assured","destroy"]}}"#
+        ));
+        assert!(text(NatEvents::End)
+            .contains(r#"{"mangle":{"key":{"ct":{"key":"event"}},"value":["new","destroy"]}}"#));
+        assert!(!text(NatEvents::All).contains("mangle"));
+        assert!(NatEvents::Answer.updates() && NatEvents::All.updates());
+        assert!(!NatEvents::End.updates());
     }
 
     #[test]
