@@ -589,6 +589,29 @@ fn registration_response(reject: bool) -> Vec<u8> {
     ))
 }
 
+/// The PE of `pe_config`, connected to its first registrar at 1 ms, its registration accepted
+/// at 2 ms (what it sent and reported on the way is left unread).
+fn accepted_at_2ms() -> PoolElementCore {
+    let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));
+    pe.start(Duration::ZERO);
+    let _ = pe.poll_connect();
+    pe.connected(MS);
+    let _ = pe.poll_transmit();
+    pe.message(2 * MS, &registration_response(false));
+    pe
+}
+
+/// ASAP_ENDPOINT_KEEP_ALIVE from registrar `server` to the PE of `pe_config`, with the H
+/// (home) flag `home` (RFC 5352 section 2.2).
+fn keep_alive(home: bool, server: u32) -> Vec<u8> {
+    enc(&AsapMessage::EndpointKeepAlive(asap::EndpointKeepAlive {
+        home,
+        server_id: RegistrarId(server),
+        pool_handle: pool(),
+        pe_id: Some(PoolElementId(0x42)),
+    }))
+}
+
 #[test]
 fn server_hunt_with_t5_doubling_and_max_reg_attempt() {
     let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));
@@ -688,31 +711,18 @@ fn announced_registrars_come_first_and_expire() {
 
 #[test]
 fn an_h_keep_alive_on_another_association_makes_a_new_home() {
-    let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));
-    pe.start(Duration::ZERO);
-    let _ = pe.poll_connect();
-    pe.connected(MS);
-    let _ = pe.poll_transmit();
-    pe.message(2 * MS, &registration_response(false));
+    let mut pe = accepted_at_2ms();
     let _ = pe_events(&mut pe);
-    let ka = |home: bool, server: u32| {
-        enc(&AsapMessage::EndpointKeepAlive(asap::EndpointKeepAlive {
-            home,
-            server_id: RegistrarId(server),
-            pool_handle: pool(),
-            pe_id: Some(PoolElementId(0x42)),
-        }))
-    };
-    pe.message(3 * MS, &ka(false, 1));
+    pe.message(3 * MS, &keep_alive(false, 1));
     assert_eq!(pe.home_registrar(), Some(RegistrarId(1)));
     let _ = pe.poll_transmit();
     let _ = pe_events(&mut pe);
     // Without H on a foreign association: ignored (as RSPLIB).
-    pe.message_on_other(4 * MS, 77, &ka(false, 2));
+    pe.message_on_other(4 * MS, 77, &keep_alive(false, 2));
     assert_eq!(pe.poll_transmit(), None);
     assert_eq!(pe.home_registrar(), Some(RegistrarId(1)));
     // With H: the new home, acked (on the new association), the old one dropped by the driver.
-    pe.message_on_other(5 * MS, 77, &ka(true, 2));
+    pe.message_on_other(5 * MS, 77, &keep_alive(true, 2));
     assert_eq!(
         pe_events(&mut pe),
         vec![
@@ -751,21 +761,8 @@ fn an_h_keep_alive_on_another_association_makes_a_new_home() {
 /// that lost its registrar and registered with another kept naming the old one as its home.
 #[test]
 fn a_new_registrar_association_forgets_the_old_home() {
-    let mut pe = PoolElementCore::new(pe_config(), &mut StdRng::seed_from_u64(1));
-    pe.start(Duration::ZERO);
-    let _ = pe.poll_connect();
-    pe.connected(MS);
-    let _ = pe.poll_transmit();
-    pe.message(2 * MS, &registration_response(false));
-    let ka = |server: u32| {
-        enc(&AsapMessage::EndpointKeepAlive(asap::EndpointKeepAlive {
-            home: false,
-            server_id: RegistrarId(server),
-            pool_handle: pool(),
-            pe_id: Some(PoolElementId(0x42)),
-        }))
-    };
-    pe.message(3 * MS, &ka(1));
+    let mut pe = accepted_at_2ms();
+    pe.message(3 * MS, &keep_alive(false, 1));
     assert_eq!(pe.home_registrar(), Some(RegistrarId(1)));
     let _ = pe.poll_transmit();
     // The registrar is lost; the PE registers with another one.
@@ -784,7 +781,7 @@ fn a_new_registrar_association_forgets_the_old_home() {
     assert_eq!(r.pool_element.home_registrar, RegistrarId(0));
     pe.message(t + 2 * MS, &registration_response(false));
     // Its first keep-alive names the new home.
-    pe.message(t + 3 * MS, &ka(2));
+    pe.message(t + 3 * MS, &keep_alive(false, 2));
     assert_eq!(pe.home_registrar(), Some(RegistrarId(2)));
 }
 

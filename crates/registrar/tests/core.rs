@@ -2,149 +2,22 @@
 //! PUs, each removal cause, each consistency reject, rate limits and malformed input.
 
 use rserpool_registrar::{
-    AssociationId, AssociationKind, Destination, PeerInfo, Profile, RateLimit, RateLimited,
-    Registrar, RegistrarConfig, RegistrarEvent, RemovalCause,
+    Destination, Profile, RateLimit, RateLimited, RegistrarEvent, RemovalCause,
+};
+use rserpool_sim::fixtures::{
+    handle_resolution, ms, registering_pe, registration, RegistrarHarness, PE_HOST, PU_HOST,
 };
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::{
-    CauseCode, Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
+    CauseCode, Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId,
     RegistrationLife, TransportAddress, TransportUse, UserTransport,
 };
 use std::net::IpAddr;
 use std::time::Duration;
 
-const PE_ADDR: &str = "10.255.0.1";
-const PU_ADDR: &str = "10.255.0.2";
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
-}
-
-struct Harness {
-    r: Registrar,
-    codec: Codec,
-    now: Duration,
-}
-
-impl Harness {
-    fn new(profile: Profile, tweak: impl FnOnce(&mut RegistrarConfig)) -> Self {
-        let mut config = RegistrarConfig::new(profile);
-        config.registrar_id = RegistrarId(0x1234_5678);
-        config.seed = Some(7);
-        config.announce = None;
-        tweak(&mut config);
-        let codec = Codec::new(config.codec);
-        Harness {
-            r: Registrar::new(config, Duration::ZERO),
-            codec,
-            now: Duration::ZERO,
-        }
-    }
-
-    fn rsplib() -> Self {
-        Self::new(Profile::Rsplib, |_| {})
-    }
-
-    fn up(&mut self, id: u64, addr: &str) -> AssociationId {
-        let a = AssociationId(id);
-        self.r.association_up(
-            self.now,
-            a,
-            PeerInfo {
-                kind: AssociationKind::Sctp,
-                addresses: vec![addr.parse().unwrap()],
-                port: 40_000 + id as u16,
-            },
-        );
-        a
-    }
-
-    fn send(&mut self, a: AssociationId, m: AsapMessage) {
-        let b = self.codec.encode(&m).unwrap();
-        self.r.message(self.now, a, Protocol::Asap.ppid(), &b);
-    }
-
-    fn raw(&mut self, a: AssociationId, b: &[u8]) {
-        self.r.message(self.now, a, Protocol::Asap.ppid(), b);
-    }
-
-    /// Advances virtual time to `t`, running every timer due on the way.
-    fn advance_to(&mut self, t: Duration) {
-        while let Some(due) = self.r.poll_timeout() {
-            if due > t {
-                break;
-            }
-            self.now = due.max(self.now);
-            self.r.handle_timeout(self.now);
-        }
-        self.now = t;
-        self.r.handle_timeout(t);
-    }
-
-    /// Every message sent since the last call, decoded, with its destination.
-    fn sent(&mut self) -> Vec<(Destination, AsapMessage)> {
-        std::iter::from_fn(|| self.r.poll_transmit())
-            .map(|t| {
-                assert_eq!(t.ppid, 11);
-                (
-                    t.destination,
-                    self.codec.decode::<AsapMessage>(&t.bytes).unwrap().message,
-                )
-            })
-            .collect()
-    }
-
-    fn sent_to(&mut self, a: AssociationId) -> Vec<AsapMessage> {
-        self.sent()
-            .into_iter()
-            .filter(|(d, _)| *d == Destination::Association(a))
-            .map(|(_, m)| m)
-            .collect()
-    }
-
-    fn events(&mut self) -> Vec<RegistrarEvent> {
-        std::iter::from_fn(|| self.r.poll_event()).collect()
-    }
-
-    fn removals(&mut self) -> Vec<(PoolElementId, RemovalCause)> {
-        self.events()
-            .into_iter()
-            .filter_map(|e| match e {
-                RegistrarEvent::Removed { pe_id, cause, .. } => Some((pe_id, cause)),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
+/// A PE of `PE_HOST` whose user transport port (7000 + `id`) is its own.
 fn pe(id: u32, policy: PoolPolicy) -> PoolElement {
-    PoolElement {
-        id: PoolElementId(id),
-        home_registrar: RegistrarId(0),
-        registration_life: RegistrationLife::Finite(Duration::from_secs(90)),
-        user_transport: UserTransport::Address(TransportAddress::sctp(
-            7000 + id as u16,
-            TransportUse::DataPlusControl,
-            vec![PE_ADDR.parse().unwrap()],
-        )),
-        policy,
-        asap_transport: None,
-    }
-}
-
-fn registration(pool: &str, pe: PoolElement) -> AsapMessage {
-    AsapMessage::Registration(asap::Registration {
-        pool_handle: PoolHandle::from(pool),
-        pool_element: pe,
-    })
-}
-
-fn resolution(pool: &str, items: Option<u32>) -> AsapMessage {
-    AsapMessage::HandleResolution(asap::HandleResolution {
-        subscribe: false,
-        pool_handle: PoolHandle::from(pool),
-        option: items.map(|items| rserpool_wire::HandleResolutionOption { items }),
-    })
+    registering_pe(id, policy, 7000 + id as u16)
 }
 
 fn expect_accepted(m: &[AsapMessage], id: u32) {
@@ -169,19 +42,20 @@ fn expect_rejected(m: &[AsapMessage], id: u32) -> rserpool_wire::ErrorCause {
 
 #[test]
 fn register_resolve_reregister_deregister() {
-    let mut h = Harness::rsplib();
-    let pe_assoc = h.up(1, PE_ADDR);
-    let pu = h.up(2, PU_ADDR);
-    h.send(
+    let mut h = RegistrarHarness::rsplib();
+    let pe_assoc = h.association_up(1, PE_HOST);
+    let pu = h.association_up(2, PU_HOST);
+    h.deliver(
         pe_assoc,
         registration("EchoPool", pe(0xaaaa, PoolPolicy::RoundRobin)),
     );
     expect_accepted(&h.sent_to(pe_assoc), 0xaaaa);
-    assert_eq!(h.r.metrics().registrations, 1);
-    let stored =
-        h.r.handlespace()
-            .find(&PoolHandle::from("EchoPool"), PoolElementId(0xaaaa))
-            .unwrap();
+    assert_eq!(h.registrar.metrics().registrations, 1);
+    let stored = h
+        .registrar
+        .handlespace()
+        .find(&PoolHandle::from("EchoPool"), PoolElementId(0xaaaa))
+        .unwrap();
     assert_eq!(stored.home_registrar(), RegistrarId(0x1234_5678));
     let asap_transport = stored
         .element()
@@ -190,11 +64,11 @@ fn register_resolve_reregister_deregister() {
         .expect("ASAP transport recorded");
     assert_eq!(
         asap_transport.addresses,
-        vec![PE_ADDR.parse::<IpAddr>().unwrap()]
+        vec![PE_HOST.parse::<IpAddr>().unwrap()]
     );
     assert_eq!(asap_transport.port, 40_001);
 
-    h.send(pu, resolution("EchoPool", None));
+    h.deliver(pu, handle_resolution("EchoPool", None));
     let answer = h.sent_to(pu);
     let AsapMessage::HandleResolutionResponse(r) = &answer[0] else {
         panic!("{answer:?}")
@@ -210,18 +84,21 @@ fn register_resolve_reregister_deregister() {
     assert!(r.error.is_none());
 
     // Re-registration with a new policy value updates the entry.
-    h.send(
+    h.deliver(
         pe_assoc,
         registration("EchoPool", pe(0xaaaa, PoolPolicy::RoundRobin)),
     );
     expect_accepted(&h.sent_to(pe_assoc), 0xaaaa);
     assert_eq!(
-        (h.r.metrics().registrations, h.r.metrics().reregistrations),
+        (
+            h.registrar.metrics().registrations,
+            h.registrar.metrics().reregistrations
+        ),
         (1, 1)
     );
-    assert_eq!(h.r.handlespace().len(), 1);
+    assert_eq!(h.registrar.handlespace().len(), 1);
 
-    h.send(
+    h.deliver(
         pe_assoc,
         AsapMessage::Deregistration(asap::Deregistration {
             pool_handle: PoolHandle::from("EchoPool"),
@@ -234,9 +111,9 @@ fn register_resolve_reregister_deregister() {
         h.removals(),
         vec![(PoolElementId(0xaaaa), RemovalCause::Deregistered)]
     );
-    assert!(h.r.handlespace().is_empty());
+    assert!(h.registrar.handlespace().is_empty());
 
-    h.send(pu, resolution("EchoPool", None));
+    h.deliver(pu, handle_resolution("EchoPool", None));
     let answer = h.sent_to(pu);
     let AsapMessage::HandleResolutionResponse(r) = &answer[0] else {
         panic!()
@@ -246,21 +123,21 @@ fn register_resolve_reregister_deregister() {
         r.error.as_ref().unwrap().code(),
         Some(CauseCode::UnknownPoolHandle)
     );
-    assert_eq!(h.r.metrics().resolutions_unknown_pool, 1);
+    assert_eq!(h.registrar.metrics().resolutions_unknown_pool, 1);
 }
 
 #[test]
 fn handle_resolution_items_follow_the_option_and_the_limit() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| {
         c.default_handle_resolution_items = 4;
         c.max_handle_resolution_items = 5;
     });
-    let a = h.up(1, PE_ADDR);
+    let a = h.association_up(1, PE_HOST);
     for id in 1..=6 {
-        h.send(a, registration("P", pe(id, PoolPolicy::RoundRobin)));
+        h.deliver(a, registration("P", pe(id, PoolPolicy::RoundRobin)));
     }
     h.sent();
-    let pu = h.up(2, PU_ADDR);
+    let pu = h.association_up(2, PU_HOST);
     for (option, expected) in [
         (None, 4),
         (Some(0), 4),
@@ -269,7 +146,7 @@ fn handle_resolution_items_follow_the_option_and_the_limit() {
         (Some(100), 5),
         (Some(u32::MAX), 5),
     ] {
-        h.send(pu, resolution("P", option));
+        h.deliver(pu, handle_resolution("P", option));
         let answer = h.sent_to(pu);
         let AsapMessage::HandleResolutionResponse(r) = &answer[0] else {
             panic!()
@@ -283,16 +160,16 @@ fn handle_resolution_items_follow_the_option_and_the_limit() {
 
 #[test]
 fn registration_life_expiry_removes_the_pe_and_tells_it() {
-    let mut h = Harness::new(Profile::Rfc, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rfc, |c| {
         c.keep_alive_interval = Duration::from_secs(60)
     });
-    let a = h.up(1, PE_ADDR);
+    let a = h.association_up(1, PE_HOST);
     let mut short = pe(5, PoolPolicy::RoundRobin);
     short.registration_life = RegistrationLife::Finite(ms(2000));
-    h.send(a, registration("P", short));
+    h.deliver(a, registration("P", short));
     h.sent();
     h.advance_to(ms(1999));
-    assert_eq!(h.r.handlespace().len(), 1);
+    assert_eq!(h.registrar.handlespace().len(), 1);
     h.advance_to(ms(2000));
     assert_eq!(
         h.removals(),
@@ -302,18 +179,21 @@ fn registration_life_expiry_removes_the_pe_and_tells_it() {
         .sent_to(a)
         .iter()
         .any(|m| matches!(m, AsapMessage::DeregistrationResponse(d) if d.pe_id.0 == 5)));
-    assert_eq!(h.r.metrics().removals_by(RemovalCause::LifeExpired), 1);
+    assert_eq!(
+        h.registrar.metrics().removals_by(RemovalCause::LifeExpired),
+        1
+    );
 }
 
 #[test]
 fn rsplib_profile_relies_on_keep_alives_not_on_the_life() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| {
         c.keep_alive_timeout = Duration::from_secs(1)
     });
-    let a = h.up(1, PE_ADDR);
+    let a = h.association_up(1, PE_HOST);
     let mut short = pe(5, PoolPolicy::RoundRobin);
     short.registration_life = RegistrationLife::Finite(ms(2000));
-    h.send(a, registration("P", short));
+    h.deliver(a, registration("P", short));
     h.sent();
     // Answer every keep-alive for a minute: the PE stays although its life was 2 s.
     let mut t = Duration::ZERO;
@@ -322,7 +202,7 @@ fn rsplib_profile_relies_on_keep_alives_not_on_the_life() {
         h.advance_to(t);
         for m in h.sent_to(a) {
             if let AsapMessage::EndpointKeepAlive(k) = m {
-                h.send(
+                h.deliver(
                     a,
                     AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
                         pool_handle: k.pool_handle,
@@ -332,25 +212,25 @@ fn rsplib_profile_relies_on_keep_alives_not_on_the_life() {
             }
         }
     }
-    assert_eq!(h.r.handlespace().len(), 1);
-    assert!(h.r.metrics().keep_alives_acked >= 10);
+    assert_eq!(h.registrar.handlespace().len(), 1);
+    assert!(h.registrar.metrics().keep_alives_acked >= 10);
     assert!(h.removals().is_empty());
 }
 
 #[test]
 fn reregistration_extends_the_life() {
-    let mut h = Harness::new(Profile::Rfc, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rfc, |c| {
         c.keep_alive_interval = Duration::from_secs(60)
     });
-    let a = h.up(1, PE_ADDR);
+    let a = h.association_up(1, PE_HOST);
     let mut short = pe(5, PoolPolicy::RoundRobin);
     short.registration_life = RegistrationLife::Finite(ms(2000));
-    h.send(a, registration("P", short.clone()));
+    h.deliver(a, registration("P", short.clone()));
     h.advance_to(ms(1500));
-    h.send(a, registration("P", short));
+    h.deliver(a, registration("P", short));
     h.advance_to(ms(3000));
     assert_eq!(
-        h.r.handlespace().len(),
+        h.registrar.handlespace().len(),
         1,
         "life counted from the re-registration"
     );
@@ -363,13 +243,13 @@ fn reregistration_extends_the_life() {
 
 #[test]
 fn keep_alives_are_sent_answered_and_missed() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| {
         c.keep_alive_interval = Duration::from_secs(5);
         c.keep_alive_jitter = 0.2;
         c.keep_alive_timeout = Duration::from_secs(2);
     });
-    let a = h.up(1, PE_ADDR);
-    h.send(a, registration("P", pe(9, PoolPolicy::RoundRobin)));
+    let a = h.association_up(1, PE_HOST);
+    h.deliver(a, registration("P", pe(9, PoolPolicy::RoundRobin)));
     h.sent();
     // The first keep-alive comes within interval × (1 ± jitter).
     h.advance_to(ms(3999));
@@ -386,14 +266,14 @@ fn keep_alives_are_sent_answered_and_missed() {
         Some(PoolElementId(9)),
         "RSPLIB's keep-alive names the PE"
     );
-    h.send(
+    h.deliver(
         a,
         AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
             pool_handle: PoolHandle::from("P"),
             pe_id: PoolElementId(9),
         }),
     );
-    assert_eq!(h.r.metrics().keep_alives_acked, 1);
+    assert_eq!(h.registrar.metrics().keep_alives_acked, 1);
     // Next keep-alive, not answered: removed one timeout later.
     let acked_at = h.now;
     let mut t = acked_at;
@@ -408,21 +288,21 @@ fn keep_alives_are_sent_answered_and_missed() {
     assert!(t >= acked_at + ms(4000), "not before interval × 0.8");
     let sent_at = h.now;
     h.advance_to(sent_at + ms(1000));
-    assert_eq!(h.r.handlespace().len(), 1);
+    assert_eq!(h.registrar.handlespace().len(), 1);
     h.advance_to(sent_at + ms(2100));
     assert_eq!(
         h.removals(),
         vec![(PoolElementId(9), RemovalCause::KeepAliveTimeout)]
     );
-    assert_eq!(h.r.metrics().keep_alives_missed, 1);
-    assert_eq!(h.r.metrics().keep_alives_sent, 2);
+    assert_eq!(h.registrar.metrics().keep_alives_missed, 1);
+    assert_eq!(h.registrar.metrics().keep_alives_sent, 2);
 }
 
 #[test]
 fn rfc_profile_keep_alive_has_no_pe_identifier() {
-    let mut h = Harness::new(Profile::Rfc, |c| c.keep_alive_jitter = 0.0);
-    let a = h.up(1, PE_ADDR);
-    h.send(a, registration("P", pe(9, PoolPolicy::RoundRobin)));
+    let mut h = RegistrarHarness::new(Profile::Rfc, |c| c.keep_alive_jitter = 0.0);
+    let a = h.association_up(1, PE_HOST);
+    h.deliver(a, registration("P", pe(9, PoolPolicy::RoundRobin)));
     h.sent();
     h.advance_to(Duration::from_secs(5));
     let sent = h.sent_to(a);
@@ -434,20 +314,20 @@ fn rfc_profile_keep_alive_has_no_pe_identifier() {
 
 #[test]
 fn association_loss_removes_its_pes_only() {
-    let mut h = Harness::rsplib();
-    let a = h.up(1, PE_ADDR);
-    let b = h.up(2, "10.255.0.3");
-    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
-    h.send(a, registration("Q", pe(2, PoolPolicy::RoundRobin)));
+    let mut h = RegistrarHarness::rsplib();
+    let a = h.association_up(1, PE_HOST);
+    let b = h.association_up(2, "10.255.0.3");
+    h.deliver(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    h.deliver(a, registration("Q", pe(2, PoolPolicy::RoundRobin)));
     let mut other = pe(3, PoolPolicy::RoundRobin);
     other.user_transport = UserTransport::Address(TransportAddress::sctp(
         1,
         TransportUse::DataPlusControl,
         vec!["10.255.0.3".parse().unwrap()],
     ));
-    h.send(b, registration("P", other));
+    h.deliver(b, registration("P", other));
     h.events();
-    h.r.association_down(h.now, a);
+    h.registrar.association_down(h.now, a);
     let mut removed = h.removals();
     removed.sort();
     assert_eq!(
@@ -457,54 +337,54 @@ fn association_loss_removes_its_pes_only() {
             (PoolElementId(2), RemovalCause::AssociationLost)
         ]
     );
-    assert_eq!(h.r.handlespace().len(), 1);
-    assert_eq!(h.r.metrics().associations, 1);
+    assert_eq!(h.registrar.handlespace().len(), 1);
+    assert_eq!(h.registrar.metrics().associations, 1);
 }
 
 #[test]
 fn unreachable_reports_at_the_threshold_probe_and_a_failed_probe_removes() {
-    let mut h = Harness::rsplib();
-    let a = h.up(1, PE_ADDR);
-    let pu = h.up(2, PU_ADDR);
-    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    let mut h = RegistrarHarness::rsplib();
+    let a = h.association_up(1, PE_HOST);
+    let pu = h.association_up(2, PU_HOST);
+    h.deliver(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
     h.sent();
     let report = AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
         pool_handle: PoolHandle::from("P"),
         pe_id: PoolElementId(1),
     });
-    h.send(pu, report.clone());
-    h.send(pu, report.clone());
-    assert_eq!(h.r.handlespace().len(), 1);
+    h.deliver(pu, report.clone());
+    h.deliver(pu, report.clone());
+    assert_eq!(h.registrar.handlespace().len(), 1);
     assert!(
         h.sent().is_empty(),
         "the rsplib profile counts below the threshold"
     );
-    h.send(pu, report);
+    h.deliver(pu, report);
     // The third report probes the PE (RFC 5352 §3.5); reports alone remove nothing.
     let sent = h.sent_to(a);
     assert!(
         matches!(&sent[..], [AsapMessage::EndpointKeepAlive(_)]),
         "{sent:?}"
     );
-    assert_eq!(h.r.handlespace().len(), 1);
+    assert_eq!(h.registrar.handlespace().len(), 1);
     h.advance_to(h.now + Duration::from_secs(6));
     assert!(h
         .removals()
         .contains(&(PoolElementId(1), RemovalCause::UnreachableReports)));
-    assert_eq!(h.r.metrics().unreachable_reports, 3);
-    assert_eq!(h.r.metrics().unreachable_probes, 1);
+    assert_eq!(h.registrar.metrics().unreachable_reports, 3);
+    assert_eq!(h.registrar.metrics().unreachable_probes, 1);
 }
 
 #[test]
 fn rfc_profile_probes_a_reported_pe_at_once() {
-    let mut h = Harness::new(Profile::Rfc, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rfc, |c| {
         c.keep_alive_timeout = Duration::from_secs(1)
     });
-    let a = h.up(1, PE_ADDR);
-    let pu = h.up(2, PU_ADDR);
-    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    let a = h.association_up(1, PE_HOST);
+    let pu = h.association_up(2, PU_HOST);
+    h.deliver(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
     h.sent();
-    h.send(
+    h.deliver(
         pu,
         AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
             pool_handle: PoolHandle::from("P"),
@@ -524,14 +404,14 @@ fn rfc_profile_probes_a_reported_pe_at_once() {
 
 #[test]
 fn consistency_rejects_carry_the_right_cause() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| {
         c.handlespace.max_pool_elements_per_pool = 2
     });
-    let a = h.up(1, PE_ADDR);
-    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    let a = h.association_up(1, PE_HOST);
+    h.deliver(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
     h.sent();
     // 0x5: another policy; the cause quotes the policy parameter.
-    h.send(
+    h.deliver(
         a,
         registration("P", pe(2, PoolPolicy::LeastUsed { load: 1 })),
     );
@@ -544,8 +424,8 @@ fn consistency_rejects_carry_the_right_cause() {
     // 0x7: another transport type.
     let mut tcp = pe(3, PoolPolicy::RoundRobin);
     tcp.user_transport =
-        UserTransport::Address(TransportAddress::tcp(80, PE_ADDR.parse().unwrap()));
-    h.send(a, registration("P", tcp));
+        UserTransport::Address(TransportAddress::tcp(80, PE_HOST.parse().unwrap()));
+    h.deliver(a, registration("P", tcp));
     assert_eq!(
         expect_rejected(&h.sent_to(a), 3).code,
         CauseCode::InconsistentTransportType
@@ -555,17 +435,17 @@ fn consistency_rejects_carry_the_right_cause() {
     data_only.user_transport = UserTransport::Address(TransportAddress::sctp(
         1,
         TransportUse::DataOnly,
-        vec![PE_ADDR.parse().unwrap()],
+        vec![PE_HOST.parse().unwrap()],
     ));
-    h.send(a, registration("P", data_only));
+    h.deliver(a, registration("P", data_only));
     assert_eq!(
         expect_rejected(&h.sent_to(a), 4).code,
         CauseCode::InconsistentDataControlConfiguration
     );
     // 0x6: the pool is full.
-    h.send(a, registration("P", pe(5, PoolPolicy::RoundRobin)));
+    h.deliver(a, registration("P", pe(5, PoolPolicy::RoundRobin)));
     expect_accepted(&h.sent_to(a), 5);
-    h.send(a, registration("P", pe(6, PoolPolicy::RoundRobin)));
+    h.deliver(a, registration("P", pe(6, PoolPolicy::RoundRobin)));
     assert_eq!(
         expect_rejected(&h.sent_to(a), 6).code,
         CauseCode::LackOfResources
@@ -577,13 +457,13 @@ fn consistency_rejects_carry_the_right_cause() {
         TransportUse::DataPlusControl,
         vec!["192.0.2.1".parse().unwrap()],
     ));
-    h.send(a, registration("Q", elsewhere));
+    h.deliver(a, registration("Q", elsewhere));
     assert_eq!(
         expect_rejected(&h.sent_to(a), 7).code,
         CauseCode::InvalidValues
     );
     // 0x3: an unknown policy type.
-    h.send(
+    h.deliver(
         a,
         registration(
             "R",
@@ -600,7 +480,7 @@ fn consistency_rejects_carry_the_right_cause() {
         expect_rejected(&h.sent_to(a), 8).code,
         CauseCode::InvalidValues
     );
-    let m = h.r.metrics();
+    let m = h.registrar.metrics();
     assert_eq!(m.registration_rejects[5], 1);
     assert_eq!(m.registration_rejects[7], 1);
     assert_eq!(m.registration_rejects[8], 1);
@@ -622,7 +502,7 @@ fn consistency_rejects_carry_the_right_cause() {
 
 #[test]
 fn rate_limits_refuse_and_count_per_client() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| {
         c.handle_resolution_rate = Some(RateLimit {
             rate: 1.0,
             burst: 2.0,
@@ -632,13 +512,13 @@ fn rate_limits_refuse_and_count_per_client() {
             burst: 1.0,
         });
     });
-    let a = h.up(1, PE_ADDR);
-    h.send(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
-    let pu = h.up(2, PU_ADDR);
-    let other = h.up(3, "10.255.0.4");
+    let a = h.association_up(1, PE_HOST);
+    h.deliver(a, registration("P", pe(1, PoolPolicy::RoundRobin)));
+    let pu = h.association_up(2, PU_HOST);
+    let other = h.association_up(3, "10.255.0.4");
     h.sent();
     for _ in 0..3 {
-        h.send(pu, resolution("P", None));
+        h.deliver(pu, handle_resolution("P", None));
     }
     let answers = h.sent_to(pu);
     assert_eq!(answers.len(), 3);
@@ -651,12 +531,12 @@ fn rate_limits_refuse_and_count_per_client() {
         .count();
     assert_eq!(refused, 1);
     // Another client is not affected, and the limited one recovers with time.
-    h.send(other, resolution("P", None));
+    h.deliver(other, handle_resolution("P", None));
     assert!(
         matches!(&h.sent_to(other)[0], AsapMessage::HandleResolutionResponse(r) if r.error.is_none())
     );
     h.advance_to(h.now + ms(1000));
-    h.send(pu, resolution("P", None));
+    h.deliver(pu, handle_resolution("P", None));
     assert!(
         matches!(&h.sent_to(pu)[0], AsapMessage::HandleResolutionResponse(r) if r.error.is_none())
     );
@@ -666,41 +546,44 @@ fn rate_limits_refuse_and_count_per_client() {
         pe_id: PoolElementId(1),
     });
     for _ in 0..5 {
-        h.send(pu, report.clone());
+        h.deliver(pu, report.clone());
     }
-    assert_eq!(h.r.metrics().unreachable_reports, 1);
+    assert_eq!(h.registrar.metrics().unreachable_reports, 1);
     assert_eq!(
-        h.r.metrics()
+        h.registrar
+            .metrics()
             .rate_limited_by(RateLimited::EndpointUnreachable),
         4
     );
     assert_eq!(
-        h.r.metrics().rate_limited_by(RateLimited::HandleResolution),
+        h.registrar
+            .metrics()
+            .rate_limited_by(RateLimited::HandleResolution),
         1
     );
-    assert_eq!(h.r.handlespace().len(), 1);
+    assert_eq!(h.registrar.handlespace().len(), 1);
 }
 
 #[test]
 fn malformed_input_is_answered_and_others_keep_being_served() {
-    let mut h = Harness::rsplib();
-    let bad = h.up(1, PE_ADDR);
-    let good = h.up(2, PU_ADDR);
-    let pe_assoc = h.up(3, "10.255.0.3");
+    let mut h = RegistrarHarness::rsplib();
+    let bad = h.association_up(1, PE_HOST);
+    let good = h.association_up(2, PU_HOST);
+    let pe_assoc = h.association_up(3, "10.255.0.3");
     let mut e = pe(1, PoolPolicy::RoundRobin);
     e.user_transport = UserTransport::Address(TransportAddress::sctp(
         1,
         TransportUse::DataPlusControl,
         vec!["10.255.0.3".parse().unwrap()],
     ));
-    h.send(pe_assoc, registration("P", e));
+    h.deliver(pe_assoc, registration("P", e));
     h.sent();
     // Truncated registration: ASAP_ERROR with Invalid Values.
-    h.raw(bad, &[0x01, 0x00, 0x00, 0x38, 0x00, 0x09]);
+    h.deliver_raw(bad, &[0x01, 0x00, 0x00, 0x38, 0x00, 0x09]);
     // Unknown message type whose action bits ask for a report.
-    h.raw(bad, &[0x4f, 0x00, 0x00, 0x04]);
+    h.deliver_raw(bad, &[0x4f, 0x00, 0x00, 0x04]);
     // Unknown message type to be dropped silently.
-    h.raw(bad, &[0x0f, 0x00, 0x00, 0x04]);
+    h.deliver_raw(bad, &[0x0f, 0x00, 0x00, 0x04]);
     let answers = h.sent_to(bad);
     let causes: Vec<CauseCode> = answers
         .iter()
@@ -713,8 +596,8 @@ fn malformed_input_is_answered_and_others_keep_being_served() {
         causes,
         vec![CauseCode::InvalidValues, CauseCode::UnrecognizedMessage]
     );
-    assert_eq!(h.r.metrics().malformed_messages, 3);
-    h.send(good, resolution("P", None));
+    assert_eq!(h.registrar.metrics().malformed_messages, 3);
+    h.deliver(good, handle_resolution("P", None));
     assert!(
         matches!(&h.sent_to(good)[0], AsapMessage::HandleResolutionResponse(r) if r.pool_elements.len() == 1)
     );
@@ -722,26 +605,26 @@ fn malformed_input_is_answered_and_others_keep_being_served() {
 
 #[test]
 fn association_limit_refuses_the_extra_one() {
-    let mut h = Harness::new(Profile::Rsplib, |c| c.max_associations = 1);
-    let a = h.up(1, PE_ADDR);
-    let b = h.up(2, PU_ADDR);
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| c.max_associations = 1);
+    let a = h.association_up(1, PE_HOST);
+    let b = h.association_up(2, PU_HOST);
     let events = h.events();
     assert!(events.iter().any(|e| matches!(e,
         RegistrarEvent::AssociationRefused { association, limit: "max-associations", .. }
         if *association == b)));
-    h.send(b, resolution("P", None));
+    h.deliver(b, handle_resolution("P", None));
     assert!(
         h.sent_to(b).is_empty(),
         "a refused association is not served"
     );
-    h.send(a, resolution("P", None));
+    h.deliver(a, handle_resolution("P", None));
     assert_eq!(h.sent_to(a).len(), 1);
-    assert_eq!(h.r.metrics().associations_refused, 1);
+    assert_eq!(h.registrar.metrics().associations_refused, 1);
 }
 
 #[test]
 fn server_announces_every_t6_with_jitter() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| {
         c.announce = Some(rserpool_registrar::AnnounceConfig {
             group: Profile::Rsplib.announce_group(),
             interval: Duration::from_secs(1),
@@ -773,7 +656,7 @@ fn server_announces_every_t6_with_jitter() {
         assert!(gap >= ms(870) && gap <= ms(1135), "gap {gap:?}");
     }
     // With 3 ENRP peers known, the cycle is 4 × T6.
-    h.r.set_enrp_peer_count(3);
+    h.registrar.set_enrp_peer_count(3);
     let start = *times.last().unwrap();
     let mut next = None;
     let mut t = start;
@@ -795,27 +678,28 @@ fn server_announces_every_t6_with_jitter() {
 
 #[test]
 fn user_addresses_outside_the_association_or_too_narrow_are_dropped() {
-    let mut h = Harness::rsplib();
-    let a = h.up(1, PE_ADDR);
+    let mut h = RegistrarHarness::rsplib();
+    let a = h.association_up(1, PE_HOST);
     let mut mixed = pe(1, PoolPolicy::RoundRobin);
     mixed.user_transport = UserTransport::Address(TransportAddress::sctp(
         1,
         TransportUse::DataPlusControl,
         vec![
             "192.0.2.1".parse().unwrap(),
-            PE_ADDR.parse().unwrap(),
+            PE_HOST.parse().unwrap(),
             "127.0.0.1".parse().unwrap(),
         ],
     ));
-    h.send(a, registration("P", mixed));
+    h.deliver(a, registration("P", mixed));
     expect_accepted(&h.sent_to(a), 1);
-    let stored =
-        h.r.handlespace()
-            .find(&PoolHandle::from("P"), PoolElementId(1))
-            .unwrap();
+    let stored = h
+        .registrar
+        .handlespace()
+        .find(&PoolHandle::from("P"), PoolElementId(1))
+        .unwrap();
     assert_eq!(
         stored.element().user_transport.addresses(),
-        &[PE_ADDR.parse::<IpAddr>().unwrap()]
+        &[PE_HOST.parse::<IpAddr>().unwrap()]
     );
     let dropped = h
         .events()
@@ -835,22 +719,22 @@ fn user_addresses_outside_the_association_or_too_narrow_are_dropped() {
         ]
     );
     // With the minimum scope lowered to loopback, a PE on a loopback association registers.
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| {
         c.min_address_scope = rserpool_registrar::AddressScope::Loopback
     });
-    let a = h.up(1, "127.0.0.1");
+    let a = h.association_up(1, "127.0.0.1");
     let mut local = pe(2, PoolPolicy::RoundRobin);
     local.user_transport = UserTransport::Address(TransportAddress::sctp(
         1,
         TransportUse::DataPlusControl,
         vec!["127.0.0.1".parse().unwrap()],
     ));
-    h.send(a, registration("P", local.clone()));
+    h.deliver(a, registration("P", local.clone()));
     expect_accepted(&h.sent_to(a), 2);
     // And refused under the default (site-local): neither user nor ASAP address qualifies.
-    let mut h = Harness::rsplib();
-    let a = h.up(1, "127.0.0.1");
-    h.send(a, registration("P", local));
+    let mut h = RegistrarHarness::rsplib();
+    let a = h.association_up(1, "127.0.0.1");
+    h.deliver(a, registration("P", local));
     assert_eq!(
         expect_rejected(&h.sent_to(a), 2).code,
         CauseCode::InvalidValues
@@ -859,9 +743,9 @@ fn user_addresses_outside_the_association_or_too_narrow_are_dropped() {
 
 #[test]
 fn deregistering_an_unknown_pe_is_answered_as_success() {
-    let mut h = Harness::rsplib();
-    let a = h.up(1, PE_ADDR);
-    h.send(
+    let mut h = RegistrarHarness::rsplib();
+    let a = h.association_up(1, PE_HOST);
+    h.deliver(
         a,
         AsapMessage::Deregistration(asap::Deregistration {
             pool_handle: PoolHandle::from("Nowhere"),
@@ -872,23 +756,23 @@ fn deregistering_an_unknown_pe_is_answered_as_success() {
     assert!(
         matches!(&sent[..], [AsapMessage::DeregistrationResponse(d)] if d.error.is_none() && d.pe_id.0 == 77)
     );
-    assert_eq!(h.r.metrics().deregistrations, 0);
+    assert_eq!(h.registrar.metrics().deregistrations, 0);
 }
 
 #[test]
 fn overall_policy_carries_the_first_selected_pe_values() {
-    let mut h = Harness::rsplib();
-    let a = h.up(1, PE_ADDR);
-    h.send(
+    let mut h = RegistrarHarness::rsplib();
+    let a = h.association_up(1, PE_HOST);
+    h.deliver(
         a,
         registration("LU", pe(1, PoolPolicy::LeastUsed { load: 500 })),
     );
-    h.send(
+    h.deliver(
         a,
         registration("LU", pe(2, PoolPolicy::LeastUsed { load: 100 })),
     );
     h.sent();
-    h.send(a, resolution("LU", Some(2)));
+    h.deliver(a, handle_resolution("LU", Some(2)));
     let sent = h.sent_to(a);
     let AsapMessage::HandleResolutionResponse(r) = &sent[0] else {
         panic!()
@@ -899,18 +783,18 @@ fn overall_policy_carries_the_first_selected_pe_values() {
 
 #[test]
 fn limits_are_answered_with_lack_of_resources() {
-    let mut h = Harness::new(Profile::Rsplib, |c| c.codec.max_message_size = 64);
-    let a = h.up(1, PE_ADDR);
+    let mut h = RegistrarHarness::new(Profile::Rsplib, |c| c.codec.max_message_size = 64);
+    let a = h.association_up(1, PE_HOST);
     // A registration with three user addresses is 72 bytes: over the 64-byte limit.
     let mut big = pe(1, PoolPolicy::RoundRobin);
     big.user_transport = UserTransport::Address(TransportAddress::sctp(
         1,
         TransportUse::DataPlusControl,
-        vec![PE_ADDR.parse().unwrap(); 3],
+        vec![PE_HOST.parse().unwrap(); 3],
     ));
     let bytes = Codec::default().encode(&registration("P", big)).unwrap();
     assert!(bytes.len() > 64);
-    h.raw(a, &bytes);
+    h.deliver_raw(a, &bytes);
     let sent = h.sent_to(a);
     assert!(
         matches!(&sent[..], [AsapMessage::Error(e)] if e.error.code() == Some(CauseCode::LackOfResources)),
@@ -921,22 +805,22 @@ fn limits_are_answered_with_lack_of_resources() {
             if error.to_string().contains("exceeds the limit of 64 bytes"))
     });
     assert!(logged);
-    assert!(h.r.handlespace().is_empty());
+    assert!(h.registrar.handlespace().is_empty());
 }
 
 #[test]
 fn resolutions_answer_with_the_current_registration() {
-    let mut h = Harness::rsplib();
-    let pe_assoc = h.up(1, PE_ADDR);
-    let pu = h.up(2, PU_ADDR);
-    let resolve = |h: &mut Harness| {
-        h.send(pu, resolution("LoadPool", None));
+    let mut h = RegistrarHarness::rsplib();
+    let pe_assoc = h.association_up(1, PE_HOST);
+    let pu = h.association_up(2, PU_HOST);
+    let resolve = |h: &mut RegistrarHarness| {
+        h.deliver(pu, handle_resolution("LoadPool", None));
         match h.sent_to(pu).remove(0) {
             AsapMessage::HandleResolutionResponse(r) => r.pool_elements,
             other => panic!("{other:?}"),
         }
     };
-    h.send(
+    h.deliver(
         pe_assoc,
         registration("LoadPool", pe(1, PoolPolicy::LeastUsed { load: 10 })),
     );
@@ -953,22 +837,22 @@ fn resolutions_answer_with_the_current_registration() {
     changed.user_transport = UserTransport::Address(TransportAddress::sctp(
         9999,
         TransportUse::DataPlusControl,
-        vec![PE_ADDR.parse().unwrap()],
+        vec![PE_HOST.parse().unwrap()],
     ));
-    h.send(pe_assoc, registration("LoadPool", changed.clone()));
+    h.deliver(pe_assoc, registration("LoadPool", changed.clone()));
     let second = resolve(&mut h);
     assert_eq!(second[0].policy, PoolPolicy::LeastUsed { load: 50 });
     assert_eq!(second[0].user_transport, changed.user_transport);
 
     // A PE registered after another left (its slot reused) is answered as itself.
-    h.send(
+    h.deliver(
         pe_assoc,
         AsapMessage::Deregistration(asap::Deregistration {
             pool_handle: PoolHandle::from("LoadPool"),
             pe_id: PoolElementId(1),
         }),
     );
-    h.send(
+    h.deliver(
         pe_assoc,
         registration("LoadPool", pe(2, PoolPolicy::LeastUsed { load: 7 })),
     );
@@ -982,11 +866,11 @@ fn resolutions_answer_with_the_current_registration() {
 #[test]
 fn unreported_resolutions_are_answered_and_counted_alike() {
     let run = |report: bool| {
-        let mut h = Harness::new(Profile::Rsplib, |c| c.report_resolutions = report);
-        let pe_assoc = h.up(1, PE_ADDR);
-        let pu = h.up(2, PU_ADDR);
+        let mut h = RegistrarHarness::new(Profile::Rsplib, |c| c.report_resolutions = report);
+        let pe_assoc = h.association_up(1, PE_HOST);
+        let pu = h.association_up(2, PU_HOST);
         for id in 1..=5 {
-            h.send(
+            h.deliver(
                 pe_assoc,
                 registration("RandomPool", pe(id, PoolPolicy::Random)),
             );
@@ -994,16 +878,16 @@ fn unreported_resolutions_are_answered_and_counted_alike() {
         h.sent();
         h.events();
         for _ in 0..20 {
-            h.send(pu, resolution("RandomPool", Some(2)));
+            h.deliver(pu, handle_resolution("RandomPool", Some(2)));
         }
-        h.send(pu, resolution("NoSuchPool", None));
+        h.deliver(pu, handle_resolution("NoSuchPool", None));
         let answers = h.sent_to(pu);
         let reports = h
             .events()
             .into_iter()
             .filter(|e| matches!(e, RegistrarEvent::HandleResolution { .. }))
             .count();
-        let m = h.r.metrics();
+        let m = h.registrar.metrics();
         (answers, reports, m.resolutions, m.resolutions_unknown_pool)
     };
     let (reported_answers, reports, resolutions, unknown) = run(true);

@@ -9,11 +9,12 @@ use rserpool_registrar::enrp::{
 use rserpool_registrar::{
     AssociationId, AssociationKind, Destination, PeerInfo, Profile, Registrar, RegistrarConfig,
 };
+use rserpool_sim::fixtures::pool_element;
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::enrp::{self as wenrp, EnrpMessage, EnrpMessageType, UpdateAction};
 use rserpool_wire::{
-    Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
-    RegistrationLife, TransportAddress, TransportProtocol, TransportUse, UserTransport,
+    Codec, PoolElementId, PoolHandle, Protocol, RegistrarId, TransportAddress, TransportProtocol,
+    TransportUse,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -57,21 +58,6 @@ struct Net {
     profile: Profile,
     /// Whether PEs answer H=1 keep-alives.
     pes_answer: bool,
-}
-
-fn pe_element(id: u32, addr: IpAddr) -> PoolElement {
-    PoolElement {
-        id: PoolElementId(id),
-        home_registrar: RegistrarId(0),
-        registration_life: RegistrationLife::Finite(Duration::from_secs(3600)),
-        user_transport: UserTransport::Address(TransportAddress::sctp(
-            7,
-            TransportUse::DataOnly,
-            vec![addr],
-        )),
-        policy: PoolPolicy::RoundRobin,
-        asap_transport: None,
-    }
 }
 
 impl Net {
@@ -337,7 +323,7 @@ impl Net {
             let (a, ip) = assoc.unwrap();
             let m = AsapMessage::Registration(asap::Registration {
                 pool_handle: pool.clone(),
-                pool_element: pe_element(id, ip),
+                pool_element: pool_element(id, ip),
             });
             let b = self.codec.encode(&m).unwrap();
             let n = &mut self.nodes[i];
@@ -880,7 +866,7 @@ fn a_pe_taken_over_that_re_registers_first_is_adopted() {
     );
     let m = AsapMessage::Registration(asap::Registration {
         pool_handle: pool.clone(),
-        pool_element: pe_element(id.0, addr.ip()),
+        pool_element: pool_element(id.0, addr.ip()),
     });
     n.reg.message(
         now,

@@ -4,156 +4,36 @@
 //! association, PEs per association).
 
 use rserpool_registrar::{
-    AssociationId, AssociationKind, Destination, PeerInfo, Profile, RateLimit, RateLimited,
-    Registrar, RegistrarConfig, RegistrarEvent, RemovalCause, SecurityRefusal,
+    AssociationId, Destination, Profile, RateLimit, RateLimited, RegistrarConfig, RegistrarEvent,
+    RemovalCause, SecurityRefusal,
+};
+use rserpool_sim::fixtures::{
+    deregistration, endpoint_keep_alive_ack, endpoint_unreachable, messages_to, ms, registering_pe,
+    registration, RegistrarHarness, PE_HOST,
 };
 use rserpool_wire::asap::{self, AsapMessage};
-use rserpool_wire::{
-    CauseCode, Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
-    RegistrationLife, TransportAddress, TransportUse, UserTransport,
-};
+use rserpool_wire::{CauseCode, PoolElement, PoolElementId, PoolHandle, PoolPolicy};
 use std::time::Duration;
 
-const HOST: &str = "10.255.0.1";
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
-}
-
-struct Harness {
-    r: Registrar,
-    codec: Codec,
-    now: Duration,
-}
-
-impl Harness {
-    fn new(profile: Profile, tweak: impl FnOnce(&mut RegistrarConfig)) -> Self {
-        let mut config = RegistrarConfig::new(profile);
-        config.registrar_id = RegistrarId(0x1234_5678);
-        config.seed = Some(7);
-        config.announce = None;
+/// A registrar whose keep-alives fall at known times (every 5 s, 2 s to answer, no jitter), its
+/// configuration then changed by `tweak`.
+fn harness(profile: Profile, tweak: impl FnOnce(&mut RegistrarConfig)) -> RegistrarHarness {
+    RegistrarHarness::new(profile, |config| {
         config.keep_alive_jitter = 0.0;
         config.keep_alive_interval = Duration::from_secs(5);
         config.keep_alive_timeout = Duration::from_secs(2);
-        tweak(&mut config);
-        let codec = Codec::new(config.codec);
-        Harness {
-            r: Registrar::new(config, Duration::ZERO),
-            codec,
-            now: Duration::ZERO,
-        }
-    }
-
-    fn rsplib() -> Self {
-        Self::new(Profile::Rsplib, |_| {})
-    }
-
-    /// An association from `addr`; the port tells associations of one host apart.
-    fn up(&mut self, id: u64, addr: &str) -> AssociationId {
-        let a = AssociationId(id);
-        self.r.association_up(
-            self.now,
-            a,
-            PeerInfo {
-                kind: AssociationKind::Sctp,
-                addresses: vec![addr.parse().unwrap()],
-                port: 40_000 + id as u16,
-            },
-        );
-        a
-    }
-
-    fn send(&mut self, a: AssociationId, m: AsapMessage) {
-        let b = self.codec.encode(&m).unwrap();
-        self.r.message(self.now, a, Protocol::Asap.ppid(), &b);
-    }
-
-    fn advance_to(&mut self, t: Duration) {
-        while let Some(due) = self.r.poll_timeout() {
-            if due > t {
-                break;
-            }
-            self.now = due.max(self.now);
-            self.r.handle_timeout(self.now);
-        }
-        self.now = t;
-        self.r.handle_timeout(t);
-    }
-
-    fn sent(&mut self) -> Vec<(Destination, AsapMessage)> {
-        std::iter::from_fn(|| self.r.poll_transmit())
-            .map(|t| {
-                (
-                    t.destination,
-                    self.codec.decode::<AsapMessage>(&t.bytes).unwrap().message,
-                )
-            })
-            .collect()
-    }
-
-    fn sent_to(sent: &[(Destination, AsapMessage)], a: AssociationId) -> Vec<AsapMessage> {
-        sent.iter()
-            .filter(|(d, _)| *d == Destination::Association(a))
-            .map(|(_, m)| m.clone())
-            .collect()
-    }
-
-    fn events(&mut self) -> Vec<RegistrarEvent> {
-        std::iter::from_fn(|| self.r.poll_event()).collect()
-    }
-
-    fn owner(&self, pool: &str, id: u32) -> Option<AssociationId> {
-        self.r
-            .handlespace()
-            .find(&PoolHandle::from(pool), PoolElementId(id))
-            .and_then(|e| e.association())
-    }
-
-    fn ack(&mut self, a: AssociationId, pool: &str, id: u32) {
-        self.send(
-            a,
-            AsapMessage::EndpointKeepAliveAck(asap::EndpointKeepAliveAck {
-                pool_handle: PoolHandle::from(pool),
-                pe_id: PoolElementId(id),
-            }),
-        );
-    }
+        tweak(config);
+    })
 }
 
+/// [`harness`] with the RSPLIB profile, unchanged.
+fn rsplib() -> RegistrarHarness {
+    harness(Profile::Rsplib, |_| {})
+}
+
+/// A PE of `PE_HOST`; every PE uses user transport port 7000.
 fn pe(id: u32) -> PoolElement {
-    PoolElement {
-        id: PoolElementId(id),
-        home_registrar: RegistrarId(0),
-        registration_life: RegistrationLife::Finite(Duration::from_secs(90)),
-        user_transport: UserTransport::Address(TransportAddress::sctp(
-            7000,
-            TransportUse::DataPlusControl,
-            vec![HOST.parse().unwrap()],
-        )),
-        policy: PoolPolicy::RoundRobin,
-        asap_transport: None,
-    }
-}
-
-fn registration(pool: &str, id: u32) -> AsapMessage {
-    AsapMessage::Registration(asap::Registration {
-        pool_handle: PoolHandle::from(pool),
-        pool_element: pe(id),
-    })
-}
-
-fn deregistration(pool: &str, id: u32) -> AsapMessage {
-    AsapMessage::Deregistration(asap::Deregistration {
-        pool_handle: PoolHandle::from(pool),
-        pe_id: PoolElementId(id),
-    })
-}
-
-fn unreachable(pool: &str, id: u32) -> AsapMessage {
-    AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
-        pool_handle: PoolHandle::from(pool),
-        pe_id: PoolElementId(id),
-    })
+    registering_pe(id, PoolPolicy::RoundRobin, 7000)
 }
 
 /// The registration responses in `m`: (PE, accepted, cause of a reject).
@@ -178,16 +58,16 @@ fn keep_alives(m: &[AsapMessage]) -> usize {
 
 #[test]
 fn only_the_owner_association_deregisters_its_pe() {
-    let mut h = Harness::rsplib();
-    let owner = h.up(1, HOST);
-    let attacker = h.up(2, HOST);
-    h.send(owner, registration("P", 5));
+    let mut h = rsplib();
+    let owner = h.association_up(1, PE_HOST);
+    let attacker = h.association_up(2, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
     h.sent();
     h.events();
 
-    h.send(attacker, deregistration("P", 5));
+    h.deliver(attacker, deregistration("P", 5));
     let sent = h.sent();
-    let answer = Harness::sent_to(&sent, attacker);
+    let answer = messages_to(&sent, attacker);
     let [AsapMessage::DeregistrationResponse(d)] = &answer[..] else {
         panic!("{answer:?}")
     };
@@ -197,48 +77,49 @@ fn only_the_owner_association_deregisters_its_pe() {
     );
     assert_eq!(h.owner("P", 5), Some(owner), "the PE stays with its owner");
     assert_eq!(
-        h.r.metrics()
+        h.registrar
+            .metrics()
             .refusals_by(SecurityRefusal::ForeignDeregistration),
         1
     );
-    assert_eq!(h.r.metrics().deregistrations, 0);
+    assert_eq!(h.registrar.metrics().deregistrations, 0);
     let events = h.events();
     assert!(
         events.iter().any(|e| matches!(e,
             RegistrarEvent::SecurityRefused { request: "deregistration", association, owner: Some(o), peer: Some(p), reason: SecurityRefusal::ForeignDeregistration, .. }
-            if *association == attacker && *o == owner && p.port == 40_002 && p.addresses == vec![HOST.parse::<std::net::IpAddr>().unwrap()])),
+            if *association == attacker && *o == owner && p.port == 40_002 && p.addresses == vec![PE_HOST.parse::<std::net::IpAddr>().unwrap()])),
         "{events:?}"
     );
-    let rendered = h.r.metrics().render_prometheus();
+    let rendered = h.registrar.metrics().render_prometheus();
     assert!(rendered.contains(
         "rserpool_registrar_security_refusals_total{reason=\"foreign_deregistration\"} 1"
     ));
 
-    h.send(owner, deregistration("P", 5));
+    h.deliver(owner, deregistration("P", 5));
     let sent = h.sent();
-    assert!(matches!(&Harness::sent_to(&sent, owner)[..],
+    assert!(matches!(&messages_to(&sent, owner)[..],
         [AsapMessage::DeregistrationResponse(d)] if d.error.is_none()));
-    assert!(h.r.handlespace().is_empty());
+    assert!(h.registrar.handlespace().is_empty());
 }
 
 #[test]
 fn a_claim_waits_for_the_probe_and_is_refused_when_the_owner_answers() {
-    let mut h = Harness::rsplib();
-    let owner = h.up(1, HOST);
-    let b = h.up(2, HOST);
-    let c = h.up(3, HOST);
-    h.send(owner, registration("P", 5));
+    let mut h = rsplib();
+    let owner = h.association_up(1, PE_HOST);
+    let b = h.association_up(2, PE_HOST);
+    let c = h.association_up(3, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
     h.sent();
     h.advance_to(ms(100));
 
-    h.send(b, registration("P", 5));
+    h.deliver(b, registration("P", pe(5)));
     let sent = h.sent();
     assert!(
-        Harness::sent_to(&sent, b).is_empty(),
+        messages_to(&sent, b).is_empty(),
         "the claim waits: {sent:?}"
     );
-    assert_eq!(keep_alives(&Harness::sent_to(&sent, owner)), 1, "probe");
-    assert_eq!(h.r.metrics().ownership_probes, 1);
+    assert_eq!(keep_alives(&messages_to(&sent, owner)), 1, "probe");
+    assert_eq!(h.registrar.metrics().ownership_probes, 1);
     assert!(h
         .events()
         .iter()
@@ -246,52 +127,54 @@ fn a_claim_waits_for_the_probe_and_is_refused_when_the_owner_answers() {
 
     // A second claim joins the first: no second probe.
     h.advance_to(ms(500));
-    h.send(c, registration("P", 5));
+    h.deliver(c, registration("P", pe(5)));
     let sent = h.sent();
     assert!(sent.is_empty(), "{sent:?}");
-    assert_eq!(h.r.metrics().ownership_probes, 1);
+    assert_eq!(h.registrar.metrics().ownership_probes, 1);
 
     h.advance_to(ms(900));
-    h.ack(owner, "P", 5);
+    h.deliver(owner, endpoint_keep_alive_ack("P", 5));
     let sent = h.sent();
     for claimant in [b, c] {
         assert_eq!(
-            responses(&Harness::sent_to(&sent, claimant)),
+            responses(&messages_to(&sent, claimant)),
             vec![(5, false, Some(CauseCode::RejectedSecurity))]
         );
     }
     assert_eq!(h.owner("P", 5), Some(owner));
-    let stored =
-        h.r.handlespace()
-            .find(&PoolHandle::from("P"), PoolElementId(5))
-            .unwrap();
+    let stored = h
+        .registrar
+        .handlespace()
+        .find(&PoolHandle::from("P"), PoolElementId(5))
+        .unwrap();
     assert_eq!(
         stored.element().asap_transport.as_ref().unwrap().port,
         40_001,
         "users are still sent to the owner"
     );
     assert_eq!(
-        h.r.metrics()
+        h.registrar
+            .metrics()
             .refusals_by(SecurityRefusal::ForeignRegistration),
         2
     );
     // Past the probe timeout nothing changes: the answered probe does not remove the PE.
     h.advance_to(ms(4000));
     assert_eq!(h.owner("P", 5), Some(owner));
-    assert_eq!(h.r.metrics().claims_granted, 0);
+    assert_eq!(h.registrar.metrics().claims_granted, 0);
 }
 
 #[test]
 fn a_claim_is_granted_within_one_probe_timeout_when_the_owner_is_silent() {
-    let mut h = Harness::rsplib();
-    let owner = h.up(1, HOST);
-    let restarted = h.up(2, HOST);
-    let other = h.up(3, HOST);
-    h.send(owner, registration("P", 5));
+    let mut h = rsplib();
+    let owner = h.association_up(1, PE_HOST);
+    let restarted = h.association_up(2, PE_HOST);
+    let other = h.association_up(3, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
     h.sent();
     h.advance_to(ms(100));
-    h.send(restarted, registration("P", 5));
-    h.send(other, registration("P", 5));
+    h.deliver(restarted, registration("P", pe(5)));
+    h.deliver(other, registration("P", pe(5)));
     h.sent();
     h.events();
     h.advance_to(ms(2099));
@@ -299,17 +182,17 @@ fn a_claim_is_granted_within_one_probe_timeout_when_the_owner_is_silent() {
     h.advance_to(ms(2100));
     let sent = h.sent();
     assert_eq!(
-        responses(&Harness::sent_to(&sent, restarted)),
+        responses(&messages_to(&sent, restarted)),
         vec![(5, true, None)],
         "the first claim gets the PE"
     );
     assert_eq!(
-        responses(&Harness::sent_to(&sent, other)),
+        responses(&messages_to(&sent, other)),
         vec![(5, false, Some(CauseCode::RejectedSecurity))],
         "the second finds it owned again"
     );
     assert_eq!(h.owner("P", 5), Some(restarted));
-    assert_eq!(h.r.metrics().claims_granted, 1);
+    assert_eq!(h.registrar.metrics().claims_granted, 1);
     let events = h.events();
     assert!(events.iter().any(|e| matches!(
         e,
@@ -323,54 +206,45 @@ fn a_claim_is_granted_within_one_probe_timeout_when_the_owner_is_silent() {
     // The new owner is kept by keep-alives over its own association.
     h.advance_to(ms(7200));
     let sent = h.sent();
-    assert_eq!(keep_alives(&Harness::sent_to(&sent, restarted)), 1);
-    assert_eq!(keep_alives(&Harness::sent_to(&sent, owner)), 0);
+    assert_eq!(keep_alives(&messages_to(&sent, restarted)), 1);
+    assert_eq!(keep_alives(&messages_to(&sent, owner)), 0);
 }
 
 #[test]
 fn a_claim_is_granted_at_once_when_the_owner_association_goes_down() {
-    let mut h = Harness::rsplib();
-    let owner = h.up(1, HOST);
-    let b = h.up(2, HOST);
-    h.send(owner, registration("P", 5));
-    h.send(b, registration("P", 5));
+    let mut h = rsplib();
+    let owner = h.association_up(1, PE_HOST);
+    let b = h.association_up(2, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
+    h.deliver(b, registration("P", pe(5)));
     h.sent();
-    h.r.association_down(h.now, owner);
+    h.registrar.association_down(h.now, owner);
     let sent = h.sent();
-    assert_eq!(
-        responses(&Harness::sent_to(&sent, b)),
-        vec![(5, true, None)]
-    );
+    assert_eq!(responses(&messages_to(&sent, b)), vec![(5, true, None)]);
     assert_eq!(h.owner("P", 5), Some(b));
 
     // With the owner gone first, a registration is an ordinary new one.
-    let c = h.up(3, HOST);
-    h.r.association_down(h.now, b);
-    h.send(c, registration("P", 5));
+    let c = h.association_up(3, PE_HOST);
+    h.registrar.association_down(h.now, b);
+    h.deliver(c, registration("P", pe(5)));
     let sent = h.sent();
-    assert_eq!(
-        responses(&Harness::sent_to(&sent, c)),
-        vec![(5, true, None)]
-    );
-    assert_eq!(h.r.metrics().ownership_probes, 1);
+    assert_eq!(responses(&messages_to(&sent, c)), vec![(5, true, None)]);
+    assert_eq!(h.registrar.metrics().ownership_probes, 1);
 }
 
 #[test]
 fn the_owners_reregistration_answers_the_probe() {
-    let mut h = Harness::rsplib();
-    let owner = h.up(1, HOST);
-    let b = h.up(2, HOST);
-    h.send(owner, registration("P", 5));
-    h.send(b, registration("P", 5));
+    let mut h = rsplib();
+    let owner = h.association_up(1, PE_HOST);
+    let b = h.association_up(2, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
+    h.deliver(b, registration("P", pe(5)));
     h.sent();
-    h.send(owner, registration("P", 5));
+    h.deliver(owner, registration("P", pe(5)));
     let sent = h.sent();
+    assert_eq!(responses(&messages_to(&sent, owner)), vec![(5, true, None)]);
     assert_eq!(
-        responses(&Harness::sent_to(&sent, owner)),
-        vec![(5, true, None)]
-    );
-    assert_eq!(
-        responses(&Harness::sent_to(&sent, b)),
+        responses(&messages_to(&sent, b)),
         vec![(5, false, Some(CauseCode::RejectedSecurity))]
     );
     h.advance_to(ms(3000));
@@ -379,16 +253,19 @@ fn the_owners_reregistration_answers_the_probe() {
 
 #[test]
 fn a_claimant_that_leaves_drops_its_claim() {
-    let mut h = Harness::rsplib();
-    let owner = h.up(1, HOST);
-    let b = h.up(2, HOST);
-    h.send(owner, registration("P", 5));
-    h.send(b, registration("P", 5));
+    let mut h = rsplib();
+    let owner = h.association_up(1, PE_HOST);
+    let b = h.association_up(2, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
+    h.deliver(b, registration("P", pe(5)));
     h.sent();
-    h.r.association_down(h.now, b);
+    h.registrar.association_down(h.now, b);
     h.advance_to(ms(3000));
-    assert!(h.r.handlespace().is_empty(), "the silent owner is removed");
-    assert_eq!(h.r.metrics().claims_granted, 0);
+    assert!(
+        h.registrar.handlespace().is_empty(),
+        "the silent owner is removed"
+    );
+    assert_eq!(h.registrar.metrics().claims_granted, 0);
     assert!(h
         .sent()
         .iter()
@@ -397,66 +274,73 @@ fn a_claimant_that_leaves_drops_its_claim() {
 
 #[test]
 fn waiting_claims_are_bounded_and_a_retry_replaces_its_claim() {
-    let mut h = Harness::new(Profile::Rsplib, |c| c.max_pending_claims = 2);
-    let owner = h.up(1, HOST);
-    let b = h.up(2, HOST);
-    let c = h.up(3, HOST);
-    let d = h.up(4, HOST);
-    h.send(owner, registration("P", 5));
+    let mut h = harness(Profile::Rsplib, |c| c.max_pending_claims = 2);
+    let owner = h.association_up(1, PE_HOST);
+    let b = h.association_up(2, PE_HOST);
+    let c = h.association_up(3, PE_HOST);
+    let d = h.association_up(4, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
     h.sent();
-    h.send(b, registration("P", 5));
-    h.send(b, registration("P", 5));
-    h.send(c, registration("P", 5));
+    h.deliver(b, registration("P", pe(5)));
+    h.deliver(b, registration("P", pe(5)));
+    h.deliver(c, registration("P", pe(5)));
     let sent = h.sent();
-    assert!(Harness::sent_to(&sent, b).is_empty() && Harness::sent_to(&sent, c).is_empty());
-    h.send(d, registration("P", 5));
+    assert!(messages_to(&sent, b).is_empty() && messages_to(&sent, c).is_empty());
+    h.deliver(d, registration("P", pe(5)));
     let sent = h.sent();
     assert_eq!(
-        responses(&Harness::sent_to(&sent, d)),
+        responses(&messages_to(&sent, d)),
         vec![(5, false, Some(CauseCode::RejectedSecurity))]
     );
-    assert_eq!(h.r.metrics().refusals_by(SecurityRefusal::PendingClaims), 1);
-    h.ack(owner, "P", 5);
+    assert_eq!(
+        h.registrar
+            .metrics()
+            .refusals_by(SecurityRefusal::PendingClaims),
+        1
+    );
+    h.deliver(owner, endpoint_keep_alive_ack("P", 5));
     let sent = h.sent();
     assert_eq!(
-        responses(&Harness::sent_to(&sent, b)).len(),
+        responses(&messages_to(&sent, b)).len(),
         1,
         "one answer for the retried claim"
     );
-    assert_eq!(responses(&Harness::sent_to(&sent, c)).len(), 1);
+    assert_eq!(responses(&messages_to(&sent, c)).len(), 1);
 }
 
 #[test]
 fn unreachable_reports_probe_and_a_healthy_pe_stays_in_every_profile() {
     for profile in [Profile::Rsplib, Profile::Rfc] {
-        let mut h = Harness::new(profile, |c| {
+        let mut h = harness(profile, |c| {
             c.endpoint_unreachable_rate = None;
             c.max_unreachable_probes = 3;
             c.unreachable_probe_interval = Duration::from_secs(30);
         });
-        let owner = h.up(1, HOST);
-        h.send(owner, registration("P", 5));
+        let owner = h.association_up(1, PE_HOST);
+        h.deliver(owner, registration("P", pe(5)));
         h.sent();
         // A flood of reports from many fresh associations over ten seconds; the PE answers
         // every keep-alive it gets.
-        let reporters: Vec<AssociationId> = (0..50).map(|i| h.up(100 + i, "10.255.0.9")).collect();
+        let reporters: Vec<AssociationId> = (0..50)
+            .map(|i| h.association_up(100 + i, "10.255.0.9"))
+            .collect();
         let mut probes = 0;
         let mut t = ms(10);
         for round in 0..1000u64 {
             let r = reporters[(round % 50) as usize];
-            h.send(r, unreachable("P", 5));
+            h.deliver(r, endpoint_unreachable("P", 5));
             let sent = h.sent();
-            let k = keep_alives(&Harness::sent_to(&sent, owner));
+            let k = keep_alives(&messages_to(&sent, owner));
             assert!(k <= 1, "{profile:?}: two probes at once");
             if k == 1 {
                 probes += 1;
-                h.ack(owner, "P", 5);
+                h.deliver(owner, endpoint_keep_alive_ack("P", 5));
             }
             t += ms(10);
             h.advance_to(t);
             for (_, m) in h.sent() {
                 if matches!(m, AsapMessage::EndpointKeepAlive(_)) {
-                    h.ack(owner, "P", 5);
+                    h.deliver(owner, endpoint_keep_alive_ack("P", 5));
                 }
             }
         }
@@ -465,31 +349,31 @@ fn unreachable_reports_probe_and_a_healthy_pe_stays_in_every_profile() {
             probes, 3,
             "{profile:?}: the report budget allows 3 probes in 30 s"
         );
-        assert_eq!(h.r.metrics().unreachable_probes, 3);
-        assert!(h.r.metrics().unreachable_probes_suppressed > 900);
-        assert_eq!(h.r.metrics().unreachable_reports, 1000);
-        assert_eq!(h.r.metrics().removals.iter().sum::<u64>(), 0);
+        assert_eq!(h.registrar.metrics().unreachable_probes, 3);
+        assert!(h.registrar.metrics().unreachable_probes_suppressed > 900);
+        assert_eq!(h.registrar.metrics().unreachable_reports, 1000);
+        assert_eq!(h.registrar.metrics().removals.iter().sum::<u64>(), 0);
     }
 }
 
 #[test]
 fn reports_reaching_the_threshold_remove_a_silent_pe_only_after_the_probe() {
-    let mut h = Harness::rsplib();
-    let owner = h.up(1, HOST);
-    let pu = h.up(2, "10.255.0.9");
-    h.send(owner, registration("P", 5));
+    let mut h = rsplib();
+    let owner = h.association_up(1, PE_HOST);
+    let pu = h.association_up(2, "10.255.0.9");
+    h.deliver(owner, registration("P", pe(5)));
     h.sent();
-    h.send(pu, unreachable("P", 5));
-    h.send(pu, unreachable("P", 5));
+    h.deliver(pu, endpoint_unreachable("P", 5));
+    h.deliver(pu, endpoint_unreachable("P", 5));
     assert!(
         h.sent().is_empty(),
         "rsplib profile: below the threshold reports are counted"
     );
-    h.send(pu, unreachable("P", 5));
+    h.deliver(pu, endpoint_unreachable("P", 5));
     let sent = h.sent();
-    assert_eq!(keep_alives(&Harness::sent_to(&sent, owner)), 1);
+    assert_eq!(keep_alives(&messages_to(&sent, owner)), 1);
     assert_eq!(h.owner("P", 5), Some(owner), "not removed by reports alone");
-    h.send(pu, unreachable("P", 5));
+    h.deliver(pu, endpoint_unreachable("P", 5));
     assert!(h.sent().is_empty(), "one probe at a time");
     h.advance_to(ms(2001));
     let events = h.events();
@@ -503,51 +387,50 @@ fn reports_reaching_the_threshold_remove_a_silent_pe_only_after_the_probe() {
         )),
         "{events:?}"
     );
-    assert!(h.r.handlespace().is_empty());
+    assert!(h.registrar.handlespace().is_empty());
 }
 
 #[test]
 fn registration_rate_per_association() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = harness(Profile::Rsplib, |c| {
         c.registration_rate = Some(RateLimit {
             rate: 1.0,
             burst: 2.0,
         })
     });
-    let flood = h.up(1, HOST);
-    let calm = h.up(2, HOST);
+    let flood = h.association_up(1, PE_HOST);
+    let calm = h.association_up(2, PE_HOST);
     for id in 1..=5 {
-        h.send(flood, registration("P", id));
+        h.deliver(flood, registration("P", pe(id)));
     }
     let sent = h.sent();
-    let r = responses(&Harness::sent_to(&sent, flood));
+    let r = responses(&messages_to(&sent, flood));
     assert_eq!(r.iter().filter(|r| r.1).count(), 2);
     assert!(r
         .iter()
         .filter(|r| !r.1)
         .all(|r| r.2 == Some(CauseCode::RejectedSecurity)));
-    assert_eq!(h.r.metrics().rate_limited_by(RateLimited::Registration), 3);
-    h.send(calm, registration("P", 10));
-    let sent = h.sent();
     assert_eq!(
-        responses(&Harness::sent_to(&sent, calm)),
-        vec![(10, true, None)]
+        h.registrar
+            .metrics()
+            .rate_limited_by(RateLimited::Registration),
+        3
     );
+    h.deliver(calm, registration("P", pe(10)));
+    let sent = h.sent();
+    assert_eq!(responses(&messages_to(&sent, calm)), vec![(10, true, None)]);
     h.advance_to(ms(1000));
-    h.send(flood, registration("P", 3));
+    h.deliver(flood, registration("P", pe(3)));
     let sent = h.sent();
-    assert_eq!(
-        responses(&Harness::sent_to(&sent, flood)),
-        vec![(3, true, None)]
-    );
+    assert_eq!(responses(&messages_to(&sent, flood)), vec![(3, true, None)]);
 }
 
 #[test]
 fn associations_per_source_address() {
-    let mut h = Harness::new(Profile::Rsplib, |c| c.max_associations_per_address = 2);
-    let a = h.up(1, HOST);
-    h.up(2, HOST);
-    h.up(3, HOST);
+    let mut h = harness(Profile::Rsplib, |c| c.max_associations_per_address = 2);
+    let a = h.association_up(1, PE_HOST);
+    h.association_up(2, PE_HOST);
+    h.association_up(3, PE_HOST);
     let events = h.events();
     assert!(events.iter().any(|e| matches!(
         e,
@@ -557,59 +440,58 @@ fn associations_per_source_address() {
             ..
         }
     )));
-    assert_eq!(h.r.metrics().associations, 2);
+    assert_eq!(h.registrar.metrics().associations, 2);
     assert_eq!(
-        h.r.metrics()
+        h.registrar
+            .metrics()
             .refusals_by(SecurityRefusal::AssociationsPerAddress),
         1
     );
     // Another host is served; the refused association's messages are ignored.
-    let other = h.up(4, "10.255.0.9");
-    h.send(AssociationId(3), deregistration("P", 1));
-    h.send(other, deregistration("P", 2));
+    let other = h.association_up(4, "10.255.0.9");
+    h.deliver(AssociationId(3), deregistration("P", 1));
+    h.deliver(other, deregistration("P", 2));
     let sent = h.sent();
-    assert!(Harness::sent_to(&sent, AssociationId(3)).is_empty());
-    assert!(matches!(&Harness::sent_to(&sent, other)[..],
+    assert!(messages_to(&sent, AssociationId(3)).is_empty());
+    assert!(matches!(&messages_to(&sent, other)[..],
         [AsapMessage::DeregistrationResponse(d)] if d.error.is_none()));
     // A refused association going down frees nothing; a served one frees its place.
-    h.r.association_down(h.now, AssociationId(3));
-    h.up(5, HOST);
+    h.registrar.association_down(h.now, AssociationId(3));
+    h.association_up(5, PE_HOST);
     assert_eq!(
-        h.r.metrics().associations,
+        h.registrar.metrics().associations,
         3,
         "the refused one counted nothing"
     );
-    h.up(6, HOST);
-    assert_eq!(h.r.metrics().associations, 3);
-    h.r.association_down(h.now, a);
-    h.up(7, HOST);
-    assert_eq!(h.r.metrics().associations, 3);
+    h.association_up(6, PE_HOST);
+    assert_eq!(h.registrar.metrics().associations, 3);
+    h.registrar.association_down(h.now, a);
+    h.association_up(7, PE_HOST);
+    assert_eq!(h.registrar.metrics().associations, 3);
 }
 
 #[test]
 fn pool_elements_per_association() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = harness(Profile::Rsplib, |c| {
         c.max_pool_elements_per_association = 3;
         c.registration_rate = None;
     });
-    let a = h.up(1, HOST);
+    let a = h.association_up(1, PE_HOST);
     for id in 1..=4 {
-        h.send(a, registration("P", id));
+        h.deliver(a, registration("P", pe(id)));
     }
     let sent = h.sent();
     assert_eq!(
-        responses(&Harness::sent_to(&sent, a))[3],
+        responses(&messages_to(&sent, a))[3],
         (4, false, Some(CauseCode::LackOfResources))
     );
     // Re-registrations of the PEs it has are still accepted.
-    h.send(a, registration("P", 2));
+    h.deliver(a, registration("P", pe(2)));
     let sent = h.sent();
+    assert_eq!(responses(&messages_to(&sent, a)), vec![(2, true, None)]);
     assert_eq!(
-        responses(&Harness::sent_to(&sent, a)),
-        vec![(2, true, None)]
-    );
-    assert_eq!(
-        h.r.metrics()
+        h.registrar
+            .metrics()
             .refusals_by(SecurityRefusal::PoolElementsPerAssociation),
         1
     );
@@ -617,18 +499,20 @@ fn pool_elements_per_association() {
 
 #[test]
 fn handle_resolutions_per_source_address() {
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = harness(Profile::Rsplib, |c| {
         c.handle_resolution_rate = None;
         c.handle_resolution_rate_per_address = Some(RateLimit {
             rate: 1.0,
             burst: 4.0,
         });
     });
-    let owner = h.up(1, HOST);
-    h.send(owner, registration("P", 5));
+    let owner = h.association_up(1, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
     // One host over four associations shares one budget of 4; another host has its own.
-    let flood: Vec<AssociationId> = (10..14).map(|i| h.up(i, "10.255.0.9")).collect();
-    let calm = h.up(20, "10.255.0.8");
+    let flood: Vec<AssociationId> = (10..14)
+        .map(|i| h.association_up(i, "10.255.0.9"))
+        .collect();
+    let calm = h.association_up(20, "10.255.0.8");
     h.sent();
     let resolve = AsapMessage::HandleResolution(asap::HandleResolution {
         subscribe: false,
@@ -637,13 +521,13 @@ fn handle_resolutions_per_source_address() {
     });
     for _ in 0..3 {
         for a in &flood {
-            h.send(*a, resolve.clone());
+            h.deliver(*a, resolve.clone());
         }
     }
-    h.send(calm, resolve.clone());
+    h.deliver(calm, resolve.clone());
     let sent = h.sent();
     let answered = |a: AssociationId| -> Vec<bool> {
-        Harness::sent_to(&sent, a)
+        messages_to(&sent, a)
             .iter()
             .map(|m| matches!(m, AsapMessage::HandleResolutionResponse(r) if r.error.is_none()))
             .collect()
@@ -655,14 +539,15 @@ fn handle_resolutions_per_source_address() {
     assert_eq!(served, 4, "the host's burst, over all its associations");
     assert_eq!(answered(calm), vec![true]);
     assert_eq!(
-        h.r.metrics()
+        h.registrar
+            .metrics()
             .rate_limited_by(RateLimited::HandleResolutionPerAddress),
         8
     );
     h.advance_to(ms(1000));
-    h.send(flood[3], resolve);
+    h.deliver(flood[3], resolve);
     let sent = h.sent();
-    assert!(matches!(&Harness::sent_to(&sent, flood[3])[..],
+    assert!(matches!(&messages_to(&sent, flood[3])[..],
         [AsapMessage::HandleResolutionResponse(r)] if r.error.is_none()));
 }
 
@@ -670,29 +555,29 @@ fn handle_resolutions_per_source_address() {
 fn the_ownership_probe_has_its_own_shorter_timeout() {
     // RSPLIB's PEs give up on a registration after 3 s: the claim must be answered sooner than
     // the 5 s keep-alive timeout.
-    let mut h = Harness::new(Profile::Rsplib, |c| {
+    let mut h = harness(Profile::Rsplib, |c| {
         c.keep_alive_timeout = Duration::from_secs(5);
         c.ownership_probe_timeout = Duration::from_millis(1500);
     });
-    let owner = h.up(1, HOST);
-    let claimant = h.up(2, HOST);
-    h.send(owner, registration("P", 5));
+    let owner = h.association_up(1, PE_HOST);
+    let claimant = h.association_up(2, PE_HOST);
+    h.deliver(owner, registration("P", pe(5)));
     h.sent();
-    h.send(claimant, registration("P", 5));
+    h.deliver(claimant, registration("P", pe(5)));
     h.advance_to(ms(1499));
     assert_eq!(h.owner("P", 5), Some(owner));
     h.advance_to(ms(1500));
     assert_eq!(h.owner("P", 5), Some(claimant));
 
     // A periodic keep-alive already outstanding is shortened to the probe's timeout.
-    let c2 = h.up(3, HOST);
+    let c2 = h.association_up(3, PE_HOST);
     h.advance_to(ms(1500 + 5000));
     let sent = h.sent();
-    assert_eq!(keep_alives(&Harness::sent_to(&sent, claimant)), 1);
+    assert_eq!(keep_alives(&messages_to(&sent, claimant)), 1);
     h.advance_to(ms(6600));
-    h.send(c2, registration("P", 5));
+    h.deliver(c2, registration("P", pe(5)));
     assert_eq!(
-        h.r.metrics().ownership_probes,
+        h.registrar.metrics().ownership_probes,
         1,
         "the outstanding keep-alive serves"
     );
