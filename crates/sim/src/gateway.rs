@@ -7,6 +7,7 @@
 //! selection receipt lists the inputs it used; the limits hold.
 
 use crate::config::Mutation;
+use crate::queue::EventQueue;
 use crate::report::{Failure, Outcome as RunOutcome, Stats};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -16,8 +17,7 @@ use rserpool_lsnat::core::receipt::{Outcome, Side};
 use rserpool_lsnat::core::{
     Action, Binding, CoreConfig, FlowKey, Gateway, Protocol, SessionId, Traffic,
 };
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -177,37 +177,13 @@ enum Ev {
     End,
 }
 
-struct Queued {
-    at: Duration,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, o: &Self) -> bool {
-        self.at == o.at && self.seq == o.seq
-    }
-}
-impl Eq for Queued {}
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Queued {
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.at.cmp(&self.at).then(o.seq.cmp(&self.seq))
-    }
-}
-
 /// The gateway world of one run.
 pub struct GatewayWorld {
     cfg: GatewayConfig,
     rng: ChaCha8Rng,
     now: Duration,
     step: u64,
-    seq: u64,
-    queue: BinaryHeap<Queued>,
+    queue: EventQueue<Ev>,
     core: Gateway,
     members: Vec<SimMember>,
     by_id: BTreeMap<MemberId, usize>,
@@ -265,8 +241,7 @@ impl GatewayWorld {
             rng,
             now: Duration::ZERO,
             step: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::new(),
             core,
             members,
             by_id: BTreeMap::new(),
@@ -298,12 +273,7 @@ impl GatewayWorld {
     }
 
     fn schedule(&mut self, at: Duration, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Queued {
-            at: at.max(self.now),
-            seq: self.seq,
-            ev,
-        });
+        self.queue.push(at.max(self.now), ev);
     }
 
     fn exp(&mut self, mean: Duration) -> Duration {
@@ -357,8 +327,10 @@ impl GatewayWorld {
     /// Runs to the end (or the first failure).
     pub fn run(mut self) -> RunOutcome {
         while self.failure.is_none() {
-            let Some(q) = self.queue.pop() else { break };
-            self.now = self.now.max(q.at);
+            let Some((at, ev)) = self.queue.pop() else {
+                break;
+            };
+            self.now = self.now.max(at);
             self.step += 1;
             if self.step > 5_000_000 {
                 self.fail(
@@ -367,8 +339,8 @@ impl GatewayWorld {
                 );
                 break;
             }
-            let end = matches!(q.ev, Ev::End);
-            self.handle(q.ev);
+            let end = matches!(ev, Ev::End);
+            self.handle(ev);
             self.apply_actions();
             self.arm_poll();
             if self.failure.is_none() {

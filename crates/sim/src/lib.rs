@@ -24,6 +24,7 @@ mod capture;
 mod config;
 pub mod fixtures;
 pub mod gateway;
+mod queue;
 mod report;
 mod world;
 

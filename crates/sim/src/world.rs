@@ -4,6 +4,7 @@
 use crate::capture::{Capture, ASAP_GROUP, ENRP_GROUP};
 use crate::config::{Mutation, SimConfig};
 use crate::fixtures::sctp_peer;
+use crate::queue::EventQueue;
 use crate::report::{Failure, Outcome, Stats};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -29,8 +30,7 @@ use rserpool_wire::{
     Codec, Message, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId, TransportAddress,
     TransportUse, UserTransport,
 };
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
@@ -147,30 +147,6 @@ enum Ev {
     Finish,
 }
 
-struct Queued {
-    at: Duration,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, o: &Self) -> bool {
-        self.at == o.at && self.seq == o.seq
-    }
-}
-impl Eq for Queued {}
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Queued {
-    // Earliest first out of a max-heap.
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.at.cmp(&self.at).then(o.seq.cmp(&self.seq))
-    }
-}
-
 struct RegHost {
     ip: IpAddr,
     id: RegistrarId,
@@ -258,8 +234,7 @@ pub struct World {
     rng: ChaCha8Rng,
     now: Duration,
     step: u64,
-    seq: u64,
-    queue: BinaryHeap<Queued>,
+    queue: EventQueue<Ev>,
     regs: Vec<RegHost>,
     pes: Vec<PeHost>,
     pus: Vec<PuHost>,
@@ -315,8 +290,7 @@ impl World {
             rng,
             now: Duration::ZERO,
             step: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::new(),
             regs: Vec::new(),
             pes: Vec::new(),
             pus: Vec::new(),
@@ -476,12 +450,7 @@ impl World {
     // ----- Scheduling and randomness -----
 
     fn schedule(&mut self, at: Duration, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Queued {
-            at: at.max(self.now),
-            seq: self.seq,
-            ev,
-        });
+        self.queue.push(at.max(self.now), ev);
     }
 
     /// An exponentially distributed duration with the given mean.
@@ -889,13 +858,13 @@ impl World {
     /// Runs to the end (or the first failure) and returns what happened.
     pub fn run(mut self) -> Outcome {
         while self.failure.is_none() {
-            let Some(q) = self.queue.pop() else {
+            let Some((at, ev)) = self.queue.pop() else {
                 break;
             };
-            self.now = self.now.max(q.at);
+            self.now = self.now.max(at);
             // A paused host's kernel keeps what arrives for it; the process sees it on resume.
-            if let Some(until) = self.deferred_until(&q.ev) {
-                self.schedule(until, q.ev);
+            if let Some(until) = self.deferred_until(&ev) {
+                self.schedule(until, ev);
                 continue;
             }
             self.step += 1;
@@ -906,8 +875,8 @@ impl World {
                 );
                 break;
             }
-            let finish = matches!(q.ev, Ev::Finish);
-            self.handle(q.ev);
+            let finish = matches!(ev, Ev::Finish);
+            self.handle(ev);
             if self.failure.is_none() {
                 self.check_always();
                 if self.failure.is_none() && self.step % self.cfg.full_check_every.max(1) == 0 {
