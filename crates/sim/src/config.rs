@@ -155,6 +155,12 @@ pub struct SimConfig {
     /// PingPong PEs abort a session after this many replies (RSPLIB `-pppfailureafter`), to
     /// force failovers with cookies; 0 never.
     pub pingpong_failure_after: u64,
+    /// The last pool is a CalcApp pool (RSPLIB `rspserver -calcapp`): its PEs run the CalcApp
+    /// service and the sessions that draw it run CalcApp jobs instead of Pings. `false`: every
+    /// pool is PingPong.
+    pub calcapp: bool,
+    /// Jobs a CalcApp PE runs at once (`-capmaxjobs`); more are rejected.
+    pub calcapp_max_jobs: usize,
     /// Pools the PEs are spread over.
     pub pools: usize,
     /// Length of the chaos phase (faults and PE churn); then the network heals, crashed hosts
@@ -231,6 +237,8 @@ impl SimConfig {
             pool_users: r.random_range(1..=3),
             sessions_per_pu: 0,
             pingpong_failure_after: 0,
+            calcapp: false,
+            calcapp_max_jobs: 10,
             pools: r.random_range(1..=3),
             chaos: Duration::from_secs(r.random_range(60..180)),
             quiet: Duration::from_secs(150),
@@ -270,6 +278,11 @@ impl SimConfig {
         } else {
             0
         };
+        // CalcApp came after PingPong, drawn last: a seed without it runs as before it.
+        c.calcapp = r.random_bool(0.5);
+        if c.calcapp {
+            c.calcapp_max_jobs = r.random_range(1..=4);
+        }
         c
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition,pause|all|none]
-//!              [--registrars N] [--pes N] [--pus N] [--sessions N] [--failure-after N]
+//!              [--registrars N] [--pes N] [--pus N] [--pools N] [--sessions N]
+//!              [--failure-after N] [--calcapp on|off] [--max-jobs N]
 //!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
 //! ```
 
@@ -21,6 +22,9 @@ struct Args {
     pus: Option<usize>,
     sessions: Option<usize>,
     failure_after: Option<u64>,
+    pools: Option<usize>,
+    calcapp: Option<bool>,
+    max_jobs: Option<usize>,
     chaos: Option<u64>,
     mutation: Option<Mutation>,
     check_every: Option<u64>,
@@ -44,6 +48,9 @@ fn parse() -> Result<Args, String> {
         pus: None,
         sessions: None,
         failure_after: None,
+        pools: None,
+        calcapp: None,
+        max_jobs: None,
         chaos: None,
         mutation: None,
         check_every: None,
@@ -76,6 +83,15 @@ fn parse() -> Result<Args, String> {
             "--failure-after" => {
                 a.failure_after = Some(num("--failure-after", value("--failure-after")?)?)
             }
+            "--pools" => a.pools = Some(num("--pools", value("--pools")?)?.max(1) as usize),
+            "--calcapp" => {
+                a.calcapp = Some(match value("--calcapp")?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--calcapp: `{v}` is neither on nor off")),
+                })
+            }
+            "--max-jobs" => a.max_jobs = Some(num("--max-jobs", value("--max-jobs")?)? as usize),
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
             "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
             "--mutation" => {
@@ -112,6 +128,10 @@ fn parse() -> Result<Args, String> {
                      --sessions N     PingPong sessions per PU (default: from the seed; 0 runs a\n\
                                       seed as it ran before sessions were simulated)\n\
                      --failure-after N  PingPong PEs abort a session after N replies (0 never)\n\
+                     --pools N        pools the PEs are spread over (default: from the seed)\n\
+                     --calcapp on|off the last pool runs CalcApp jobs (default: from the seed;\n\
+                                      off runs a seed as it ran before CalcApp was simulated)\n\
+                     --max-jobs N     jobs a CalcApp PE runs at once (default: from the seed)\n\
                      --chaos SECS     length of the chaos phase (default: from the seed)\n\
                      --check-every N  scan every handlespace only every N steps (default 1)\n\
                      --mutation M     a deliberate defect the checker must catch:\n\
@@ -193,6 +213,15 @@ fn main() -> ExitCode {
         }
         if let Some(n) = args.failure_after {
             cfg.pingpong_failure_after = n;
+        }
+        if let Some(n) = args.pools {
+            cfg.pools = n;
+        }
+        if let Some(on) = args.calcapp {
+            cfg.calcapp = on;
+        }
+        if let Some(n) = args.max_jobs {
+            cfg.calcapp_max_jobs = n.max(1);
         }
         cfg.mutation = args.mutation;
         if args.pcap.is_some() {

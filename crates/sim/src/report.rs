@@ -101,6 +101,14 @@ pub struct Stats {
     pub pings: u64,
     /// Pings answered.
     pub pongs: u64,
+    /// CalcApp jobs queued by pool users.
+    pub jobs: u64,
+    /// CalcApp jobs completed (reported by their pool users).
+    pub jobs_completed: u64,
+    /// CalcApp jobs a PE resumed from a cookie echo.
+    pub jobs_resumed: u64,
+    /// CalcApp Requests and cookie echoes a PE rejected (it was full).
+    pub jobs_rejected: u64,
     /// Gateway sessions opened (gateway runs).
     pub gw_sessions: u64,
     /// Gateway sessions refused at a limit or for want of a member.
@@ -145,6 +153,10 @@ impl Stats {
         self.cookie_echoes += o.cookie_echoes;
         self.pings += o.pings;
         self.pongs += o.pongs;
+        self.jobs += o.jobs;
+        self.jobs_completed += o.jobs_completed;
+        self.jobs_resumed += o.jobs_resumed;
+        self.jobs_rejected += o.jobs_rejected;
         self.gw_sessions += o.gw_sessions;
         self.gw_refused += o.gw_refused;
         self.gw_closed += o.gw_closed;
@@ -161,7 +173,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset)",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset)",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -189,6 +201,10 @@ impl fmt::Display for Stats {
             self.cookie_echoes,
             self.pings,
             self.pongs,
+            self.jobs,
+            self.jobs_completed,
+            self.jobs_resumed,
+            self.jobs_rejected,
             self.gw_sessions,
             self.gw_refused,
             self.gw_closed,

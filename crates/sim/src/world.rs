@@ -20,10 +20,16 @@ use rserpool_registrar::{
     AnnounceConfig, AssociationId, Destination, Profile, Registrar, RegistrarConfig,
     RegistrarEvent, RemovalCause,
 };
+use rserpool_services::calcapp::{
+    CalcAppClient, CalcAppClientConfig, CalcAppCookie, CalcAppMessage, CalcAppServer,
+    CalcAppServerConfig,
+};
 use rserpool_services::pingpong::{
     PingPongClient, PingPongClientConfig, PingPongServer, PingPongServerConfig,
 };
-use rserpool_services::{ClientOutput, ClientReport, ClientService, Now, PPID_PINGPONG};
+use rserpool_services::{
+    ClientOutput, ClientReport, ClientService, Now, ServerReport, PPID_CALCAPP, PPID_PINGPONG,
+};
 use rserpool_wire::asap::AsapMessage;
 use rserpool_wire::enrp::EnrpMessage;
 use rserpool_wire::{
@@ -183,6 +189,43 @@ struct PeHost {
     server: Option<SessionServer>,
     /// Session associations it accepted.
     sessions: BTreeSet<u64>,
+    /// CalcApp jobs it runs now, as its service reported them: (session association, job).
+    jobs: BTreeSet<(u64, u32)>,
+}
+
+/// The application of a session: PingPong or CalcApp.
+enum Client {
+    PingPong(PingPongClient),
+    CalcApp(CalcAppClient),
+}
+
+impl Client {
+    fn service(&mut self) -> &mut dyn ClientService {
+        match self {
+            Client::PingPong(c) => c,
+            Client::CalcApp(c) => c,
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        match self {
+            Client::PingPong(c) => c.poll_timeout(),
+            Client::CalcApp(c) => c.poll_timeout(),
+        }
+    }
+}
+
+/// What the checker knows of a CalcApp session's jobs.
+#[derive(Default)]
+struct JobLedger {
+    /// Jobs queued.
+    queued: BTreeSet<u32>,
+    /// Jobs reported completed.
+    completed: BTreeSet<u32>,
+    /// The job requested and not yet completed.
+    current: Option<u32>,
+    /// Per job, the progress of the last cookie echoed for it (never goes back).
+    echoed: BTreeMap<u32, u64>,
 }
 
 /// One PingPong session of a PU, with what the checker knows of it.
@@ -190,7 +233,9 @@ struct SimSession {
     /// Run-wide session number (for the trace).
     no: u64,
     core: PoolUserSession,
-    client: PingPongClient,
+    client: Client,
+    /// Its CalcApp jobs (empty for PingPong).
+    jobs: JobLedger,
     /// The association the session uses (connecting or up).
     assoc: Option<u64>,
     failovers_seen: u64,
@@ -273,6 +318,9 @@ pub struct World {
     /// Session associations that came up while their session held a cookie: the cookie the
     /// PE must receive first.
     expect_echo: BTreeMap<u64, Vec<u8>>,
+    /// CalcApp cookies echoed on session associations: what a PE resuming the job must start
+    /// from.
+    echoed_jobs: BTreeMap<u64, CalcAppCookie>,
 }
 
 impl World {
@@ -315,6 +363,7 @@ impl World {
             next_session: 0,
             last_probed: BTreeMap::new(),
             expect_echo: BTreeMap::new(),
+            echoed_jobs: BTreeMap::new(),
         };
         w.build();
         w
@@ -360,6 +409,7 @@ impl World {
                 same_instant: (Duration::ZERO, 0),
                 server: None,
                 sessions: BTreeSet::new(),
+                jobs: BTreeSet::new(),
             });
         }
         for k in 0..self.cfg.pool_users {
@@ -625,6 +675,10 @@ impl World {
                         Err(e) => format!("undecodable PingPong ({e})"),
                     }
                 }
+                Some((PPID_CALCAPP, m)) => match CalcAppMessage::decode(m) {
+                    Ok(c) => c.to_string(),
+                    Err(e) => format!("undecodable CalcApp ({e})"),
+                },
                 Some((ppid, m)) => format!("PPID {ppid}, {} bytes", m.len()),
                 None => "a session message without PPID".to_string(),
             },
@@ -1136,9 +1190,29 @@ impl World {
                         let s = self.pus[k].sessions[n].as_mut().expect("present");
                         // The cookie the session holds now: the first message the PE gets on
                         // this association must echo it (`cookie_echo_first`).
+                        let mut backwards = None;
                         if let Some(c) = s.core.cookie() {
                             self.expect_echo.insert(id, c.to_vec());
+                            if let (Client::CalcApp(_), Ok(cookie)) =
+                                (&s.client, CalcAppCookie::decode(c))
+                            {
+                                // The progress a cookie holds never goes back for its job.
+                                let floor = s.jobs.echoed.entry(cookie.job_id).or_insert(0);
+                                if cookie.completed < *floor {
+                                    backwards = Some(format!(
+                                        "PU{k} session S{}: job {} resumes from a cookie with {} calculations done after one with {}",
+                                        s.no, cookie.job_id, cookie.completed, floor
+                                    ));
+                                }
+                                *floor = (*floor).max(cookie.completed);
+                                self.echoed_jobs.insert(id, cookie);
+                            }
                         }
+                        if let Some(msg) = backwards {
+                            self.fail("calcapp_resumes_from_cookie", msg);
+                            return;
+                        }
+                        let s = self.pus[k].sessions[n].as_mut().expect("present");
                         s.held = None;
                         s.sent_on_assoc = 0;
                         s.core.connected(now);
@@ -1393,7 +1467,7 @@ impl World {
                         s.core.handle_timeout(now);
                     }
                     if s.client.poll_timeout().is_some_and(|t| t <= now) {
-                        s.client.handle_timeout(Now::from_monotonic(now));
+                        s.client.service().handle_timeout(Now::from_monotonic(now));
                     }
                     self.pump_session(k, n);
                 }
@@ -1766,8 +1840,9 @@ impl World {
             p.left = true;
             p.core = None;
             p.ended_at = Some(now);
-            // Its PingPong service stops with it: sessions are aborted, their users fail over.
+            // Its session service stops with it: sessions are aborted, their users fail over.
             p.server = None;
+            p.jobs.clear();
             let sessions: Vec<u64> = std::mem::take(&mut p.sessions).into_iter().collect();
             let ids: Vec<u64> = p
                 .home
@@ -1811,6 +1886,7 @@ impl World {
                         self.fail("cookie_accepted", msg);
                     }
                 }
+                self.job_report(j, &e);
                 if !matches!(e, ServerEvent::Report(_)) {
                     self.note(|| format!("{h}: {e:?}"));
                 }
@@ -1838,6 +1914,60 @@ impl World {
         }
     }
 
+    /// Follows PE j's CalcApp jobs by its service's reports: `calcapp_max_jobs` (never more
+    /// jobs at once than configured) and `calcapp_resumes_from_cookie` (a job resumed from a
+    /// cookie echo starts where that cookie says).
+    fn job_report(&mut self, j: usize, e: &ServerEvent) {
+        match e {
+            ServerEvent::Report(ServerReport::JobAccepted {
+                session,
+                job_id,
+                completed,
+                resumed,
+                ..
+            }) => {
+                let p = &mut self.pes[j];
+                p.jobs.insert((session.0, *job_id));
+                if p.jobs.len() > self.cfg.calcapp_max_jobs {
+                    let msg = format!(
+                        "PE{j} runs {} CalcApp jobs at once ({:?}), more than its {}",
+                        p.jobs.len(),
+                        p.jobs,
+                        self.cfg.calcapp_max_jobs
+                    );
+                    self.fail("calcapp_max_jobs", msg);
+                    return;
+                }
+                if *resumed {
+                    self.stats.jobs_resumed += 1;
+                    let echoed = self.echoed_jobs.get(&session.0).copied();
+                    if echoed.is_none_or(|c| c.job_id != *job_id || c.completed != *completed) {
+                        let msg = format!(
+                            "PE{j} resumed job {job_id} at {completed} calculations on session association #{}, the cookie echoed there held {echoed:?}",
+                            session.0
+                        );
+                        self.fail("calcapp_resumes_from_cookie", msg);
+                    }
+                }
+            }
+            ServerEvent::Report(ServerReport::JobRejected { .. }) => {
+                self.stats.jobs_rejected += 1;
+            }
+            ServerEvent::Report(
+                ServerReport::JobCompleted {
+                    session, job_id, ..
+                }
+                | ServerReport::JobTimedOut { session, job_id },
+            ) => {
+                self.pes[j].jobs.remove(&(session.0, *job_id));
+            }
+            ServerEvent::Ended(session) => {
+                self.pes[j].jobs.retain(|(s, _)| s != session);
+            }
+            _ => {}
+        }
+    }
+
     /// The slot of PU k's session that uses association `id`.
     fn session_of(&self, k: usize, id: u64) -> Option<usize> {
         self.pus[k]
@@ -1846,33 +1976,61 @@ impl World {
             .position(|s| s.as_ref().is_some_and(|s| s.assoc == Some(id)))
     }
 
-    /// Starts a PingPong session in slot n of PU k.
+    /// Whether the PEs of `pool` run CalcApp (the last pool, when the run has CalcApp).
+    fn is_calcapp_pool(&self, pool: &PoolHandle) -> bool {
+        self.cfg.calcapp && self.pools.last() == Some(pool)
+    }
+
+    /// Starts a session in slot n of PU k: PingPong, or CalcApp on the CalcApp pool.
     fn start_session(&mut self, k: usize, n: usize) {
         if self.pus[k].sessions[n].is_some() {
             return;
         }
         let pool = self.pools[self.rng.random_range(0..self.pools.len())].clone();
-        let count = self.rng.random_range(5..60);
+        let calcapp = self.is_calcapp_pool(&pool);
+        let (global, now) = (self.now, self.local(HostId::PoolUser(k)));
+        let (client, what) = if calcapp {
+            // 1-4 jobs of 1-20 million calculations (1-20 s of a PE's capacity alone, longer
+            // than its cookie interval of 5 s, so that failovers carry cookies),
+            // queued at once; the session finishes when all are complete.
+            let jobs = self.rng.random_range(1..=4u64);
+            let mut c = CalcAppClient::new(CalcAppClientConfig {
+                job_interval: None,
+                jobs: Some(jobs),
+                seed: self.rng.random(),
+                ..CalcAppClientConfig::default()
+            });
+            for _ in 0..jobs {
+                let size = self.rng.random_range(1_000_000..20_000_000);
+                c.submit(Now::from_monotonic(now), size);
+            }
+            (Client::CalcApp(c), format!("{jobs} CalcApp jobs"))
+        } else {
+            let count = self.rng.random_range(5..60);
+            // The PingPong client resends what is unanswered after each failover.
+            let c = PingPongClient::new(PingPongClientConfig {
+                interval: Duration::from_millis(500),
+                reply_timeout: Duration::from_secs(5),
+                count: Some(count),
+                ..PingPongClientConfig::default()
+            });
+            (Client::PingPong(c), format!("{count} pings"))
+        };
         let mut config = SessionConfig::new(pool);
-        // The PingPong client resends what is unanswered after each failover.
+        // Both clients resend what is outstanding after a failover (CalcApp: its Request,
+        // unless a cookie was echoed).
         config.application_resends = true;
-        let client = PingPongClient::new(PingPongClientConfig {
-            interval: Duration::from_millis(500),
-            reply_timeout: Duration::from_secs(5),
-            count: Some(count),
-            ..PingPongClientConfig::default()
-        });
         self.next_session += 1;
         let no = self.next_session;
-        let (global, now) = (self.now, self.local(HostId::PoolUser(k)));
         let mut core = PoolUserSession::new(config);
         core.open(now);
         self.stats.sessions += 1;
-        self.note(|| format!("PU{k}: session S{no} opens ({count} pings)"));
+        self.note(|| format!("PU{k}: session S{no} opens ({what})"));
         self.pus[k].sessions[n] = Some(SimSession {
             no,
             core,
             client,
+            jobs: JobLedger::default(),
             assoc: None,
             failovers_seen: 0,
             held: None,
@@ -1900,7 +2058,7 @@ impl World {
             // handed to the core before the core's next report reaches the client, as an
             // application that reacts to each event does.
             let (mut outputs, mut actions, mut events) = (Vec::new(), Vec::new(), Vec::new());
-            if let Some(o) = s.client.poll_output() {
+            if let Some(o) = s.client.service().poll_output() {
                 outputs.push(o);
             } else if let Some(a) = s.core.poll_action() {
                 actions.push(a);
@@ -1990,13 +2148,20 @@ impl World {
                     SessionEvent::Opened { .. } => {
                         s.moving_since = None;
                         s.last_progress = global;
-                        s.client.start(Now::from_monotonic(now));
+                        s.client.service().start(Now::from_monotonic(now));
                     }
                     SessionEvent::Data { ppid, stream, data } => {
+                        if matches!(s.client, Client::CalcApp(_)) {
+                            // The PE's keep-alives and answers are a CalcApp job's progress.
+                            s.last_progress = global;
+                        }
                         // A bad answer is the client's to judge (it fails over).
-                        let _ =
-                            s.client
-                                .handle_message(Now::from_monotonic(now), ppid, stream, &data);
+                        let _ = s.client.service().handle_message(
+                            Now::from_monotonic(now),
+                            ppid,
+                            stream,
+                            &data,
+                        );
                     }
                     SessionEvent::FailoverStarted { .. } => {
                         s.moving_since = Some(global);
@@ -2011,6 +2176,7 @@ impl World {
                         }
                         let s = self.pus[k].sessions[n].as_mut().expect("present");
                         s.client
+                            .service()
                             .failover_complete(Now::from_monotonic(now), record.with_cookie);
                     }
                     SessionEvent::Failed { reason } => {
@@ -2052,7 +2218,11 @@ impl World {
                         let reason = match reason {
                             rserpool_services::FailoverReason::Rejected => FailoverReason::Rejected,
                             rserpool_services::FailoverReason::ProtocolError => {
-                                FailoverReason::ProtocolError("bad PingPong answer".into())
+                                let what = match s.client {
+                                    Client::PingPong(_) => "bad PingPong answer",
+                                    Client::CalcApp(_) => "bad CalcApp answer",
+                                };
+                                FailoverReason::ProtocolError(what.into())
                             }
                             _ => FailoverReason::NoAnswer,
                         };
@@ -2084,8 +2254,44 @@ impl World {
                         self.fail("ping_answered_once", msg);
                         return;
                     }
+                    ClientOutput::Report(ClientReport::JobQueued { job_id, .. }) => {
+                        s.jobs.queued.insert(job_id);
+                        self.stats.jobs += 1;
+                    }
+                    ClientOutput::Report(ClientReport::JobRequested { job_id }) => {
+                        s.jobs.current = Some(job_id);
+                        s.last_progress = global;
+                    }
+                    ClientOutput::Report(ClientReport::JobAccepted { .. }) => {
+                        s.last_progress = global;
+                    }
+                    ClientOutput::Report(ClientReport::JobCompleted { job_id, .. }) => {
+                        if !s.jobs.queued.contains(&job_id) || !s.jobs.completed.insert(job_id) {
+                            let msg = format!(
+                                "PU{k} session S{no}: CalcApp job {job_id} completed twice or never queued"
+                            );
+                            self.fail("calcapp_job_once", msg);
+                            return;
+                        }
+                        s.jobs.current = None;
+                        s.last_progress = global;
+                        self.stats.jobs_completed += 1;
+                    }
                     ClientOutput::Finished => {
                         let s = self.pus[k].sessions[n].take().expect("present");
+                        let open: Vec<u32> = s
+                            .jobs
+                            .queued
+                            .difference(&s.jobs.completed)
+                            .copied()
+                            .collect();
+                        if !open.is_empty() {
+                            let msg = format!(
+                                "PU{k} session S{no} finished with CalcApp jobs {open:?} not completed"
+                            );
+                            self.fail("calcapp_job_once", msg);
+                            return;
+                        }
                         let unanswered: Vec<u64> = s
                             .sent
                             .keys()
@@ -2156,7 +2362,25 @@ impl World {
                         broken = Some(msg);
                         break 'all;
                     }
-                } else if s.core.is_bound() {
+                } else if let (true, Client::CalcApp(_)) = (s.core.is_bound(), &s.client) {
+                    // A running job hears from its PE (keep-alives, answers) or fails over
+                    // within the client's keep-alive interval plus its timeout.
+                    let c = CalcAppClientConfig::default();
+                    let bound =
+                        (c.keep_alive_interval + c.keep_alive_timeout).mul_f64(1.05) + PING_SLACK;
+                    if let Some(job) = s.jobs.current {
+                        if now > s.last_progress + bound {
+                            let msg = format!(
+                                "PU{k} session S{}: CalcApp job {job} on {:?} heard nothing since {:?} (now {now:?})",
+                                s.no,
+                                s.core.current_pe(),
+                                s.last_progress
+                            );
+                            broken = Some(msg);
+                            break 'all;
+                        }
+                    }
+                } else if let (true, Client::PingPong(client)) = (s.core.is_bound(), &s.client) {
                     let bound =
                         PingPongClientConfig::default().reply_timeout.mul_f64(1.05) + PING_SLACK;
                     if now > s.last_progress + bound {
@@ -2169,8 +2393,7 @@ impl World {
                         broken = Some(msg);
                         break 'all;
                     }
-                    if let Some((m, t)) = s
-                        .client
+                    if let Some((m, t)) = client
                         .outstanding()
                         .filter_map(|m| s.sent.get(&m).map(|t| (m, *t)))
                         .find(|(_, t)| now > *t + bound)
@@ -2379,14 +2602,21 @@ impl World {
         let mut core = PoolElementCore::new(pc, &mut self.rng);
         core.start(now);
         let failure_after = self.cfg.pingpong_failure_after;
+        let service: Box<dyn rserpool_services::ServerService> =
+            if self.is_calcapp_pool(&self.pes[j].pool) {
+                Box::new(CalcAppServer::new(CalcAppServerConfig {
+                    max_jobs: self.cfg.calcapp_max_jobs,
+                    ..CalcAppServerConfig::default()
+                }))
+            } else {
+                Box::new(PingPongServer::new(PingPongServerConfig {
+                    failure_after,
+                    ..PingPongServerConfig::default()
+                }))
+            };
         let p = &mut self.pes[j];
-        p.server = Some(SessionServer::new(
-            ServerConfig::default(),
-            Box::new(PingPongServer::new(PingPongServerConfig {
-                failure_after,
-                ..PingPongServerConfig::default()
-            })),
-        ));
+        p.server = Some(SessionServer::new(ServerConfig::default(), service));
+        p.jobs.clear();
         p.core = Some(core);
         p.alive = true;
         p.home = None;
@@ -2461,6 +2691,7 @@ impl World {
                 p.armed = None;
                 p.server = None;
                 p.sessions.clear();
+                p.jobs.clear();
                 if !p.left {
                     p.ended_at = Some(self.now);
                 }

@@ -23,6 +23,7 @@ fn without_sessions(seed: u64) -> SimConfig {
     let mut cfg = SimConfig::from_seed(seed);
     cfg.sessions_per_pu = 0;
     cfg.pingpong_failure_after = 0;
+    cfg.calcapp = false;
     cfg
 }
 
@@ -216,8 +217,36 @@ fn sessions_only(seed: u64, mutation: Option<Mutation>) -> SimConfig {
     cfg.link.loss = 0.0;
     cfg.sessions_per_pu = 1;
     cfg.pingpong_failure_after = 10;
+    cfg.calcapp = false;
     cfg.mutation = mutation;
     cfg
+}
+
+/// CalcApp sessions only (one pool, its PEs run CalcApp, one job at a time each) with PE
+/// crashes, pauses and partitions: jobs complete once each, jobs resume from their cookies on
+/// other PEs, full PEs reject.
+#[test]
+fn calcapp_jobs_complete_once_and_resume_from_their_cookies() {
+    let mut total = rserpool_sim::Stats::default();
+    for seed in [3, 11, 12] {
+        let mut cfg = SimConfig::from_seed(seed);
+        cfg.pools = 1;
+        cfg.calcapp = true;
+        cfg.calcapp_max_jobs = 1;
+        cfg.sessions_per_pu = 2;
+        cfg.faults = Faults {
+            mean_interval: std::time::Duration::from_secs(8),
+            ..Faults::parse("pe,pause,partition").unwrap()
+        };
+        let o = run(cfg);
+        assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+        total.add(&o.stats);
+    }
+    let s = &total;
+    assert!(s.jobs_completed > 0 && s.jobs_completed <= s.jobs, "{s}");
+    assert!(s.jobs_resumed > 0, "no job resumed from a cookie: {s}");
+    assert!(s.jobs_rejected > 0, "no PE was ever full: {s}");
+    assert_eq!(s.pings, 0, "{s}");
 }
 
 #[test]
