@@ -136,6 +136,9 @@ pub enum Mutation {
     /// The gateway simulation's data plane reports the connections of a member whose process
     /// died as closed in order (FIN) instead of reset: `gateway_member_lost` must fail.
     GatewayFinFromDeadMember,
+    /// The gateway simulation's probes pass a partition (the member looks alive while its
+    /// connections are cut off): `gateway_member_lost_in_time` must fail.
+    GatewayProbesThroughCut,
 }
 
 /// Everything one run needs.

@@ -1,7 +1,10 @@
 //! The LSNAT gateway core (`rserpool_lsnat::core`, RFC 2391) in virtual time: clients open TCP
 //! sessions to the virtual address, the simulator plays the data plane (connects, relays a
 //! request and its answer, passes FINs and RSTs on, probes the members) and the members crash
-//! (process or host), restart and pause. After every step the gateway invariants are checked:
+//! (process or host), restart and pause; when the seed says so the network between the gateway
+//! and the members delays with jitter, loses probes, connects and segments (a lost segment costs
+//! a retransmission), and cuts members off from the gateway until the cut heals. After every
+//! step the gateway invariants are checked:
 //! a session whose member died ends as member lost, connect failed or reset by the member,
 //! never closed; a member that stays dead has its sessions ended in bounded time; every
 //! selection receipt lists the inputs it used; the limits hold.
@@ -33,8 +36,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// phase and slack.
 const DEAD_BOUND: Duration = Duration::from_secs(15);
 /// Every session ends within this long of its opening (a pause lasts at most 30 s, a host
-/// restarts within 60 s, a connect times out in 3 s).
+/// restarts within 60 s, a connect times out in 3 s, a partition heals within 40 s).
 const SESSION_BOUND: Duration = Duration::from_secs(150);
+/// A lost SYN is sent again after this long (doubling), as TCP does.
+const SYN_RETRY: Duration = Duration::from_secs(1);
+/// A lost segment of an established connection is sent again after this long (doubling).
+const SEGMENT_RTO: Duration = Duration::from_millis(200);
 
 /// One run of the gateway simulation; everything not set is drawn from the seed.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +78,14 @@ pub struct GatewayConfig {
     pub trace: bool,
     /// A deliberate defect (tests of the checker).
     pub mutation: Option<Mutation>,
+    /// Each packet between the gateway and a member is lost with this probability: a lost
+    /// probe times out, a lost SYN is sent again after 1 s (doubling; the connect times out
+    /// after 3 s), a lost segment costs a retransmission (200 ms, doubling). 0: no loss.
+    pub loss: f64,
+    /// Each hop adds a uniform delay of up to this much (zero: none).
+    pub jitter: Duration,
+    /// Faults may cut some members off from the gateway (2–40 s, then the cut heals).
+    pub partitions: bool,
 }
 
 impl GatewayConfig {
@@ -84,7 +99,7 @@ impl GatewayConfig {
             .map(|(_, p)| *p)
             .filter(|p| *p != LoadSharePolicy::Pool)
             .collect();
-        GatewayConfig {
+        let mut c = GatewayConfig {
             seed,
             members: r.random_range(2..=8),
             clients: r.random_range(1..=6),
@@ -111,7 +126,20 @@ impl GatewayConfig {
             } else {
                 Duration::ZERO
             },
+            loss: 0.0,
+            jitter: Duration::ZERO,
+            partitions: false,
+        };
+        // The lossy network came later, drawn last: a seed whose network turns out clean and
+        // whole runs as before it (no draw of the run depends on these when they are off).
+        if r.random_bool(0.5) {
+            c.loss = r.random_range(0.0..0.1);
         }
+        if r.random_bool(0.5) {
+            c.jitter = Duration::from_micros(r.random_range(1..20_000));
+        }
+        c.partitions = r.random_bool(0.5);
+        c
     }
 }
 
@@ -130,6 +158,8 @@ enum MemberState {
 struct SimMember {
     address: SocketAddr,
     state: MemberState,
+    /// Cut off from the gateway by a partition (nothing passes either way).
+    cut: bool,
     /// Incremented at every crash: events of an earlier incarnation are stale.
     inc: u32,
     id: MemberId,
@@ -156,6 +186,12 @@ struct SimSession {
     opened: Duration,
     /// The bound member crashed before the session ended: (when, the host is gone).
     member_died: Option<(Duration, bool)>,
+    /// The bound member was cut off from the gateway while the session was established.
+    cut_at: Option<Duration>,
+    /// When the current connect began.
+    connect_started: Duration,
+    /// The current connect's SYNs were all lost: it times out.
+    connect_lost: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -173,6 +209,10 @@ enum Ev {
     Restart(usize),
     Resume(usize),
     DeadCheck(usize, u32),
+    /// Partition number `.1` heals.
+    Heal(u64),
+    /// Member `.0`, cut off by partition `.1`, must have had its sessions ended.
+    CutCheck(usize, u64),
     Poll,
     End,
 }
@@ -190,8 +230,11 @@ pub struct GatewayWorld {
     sessions: BTreeMap<SessionId, SimSession>,
     next_port: u16,
     poll_at: Option<Duration>,
-    /// Answers a paused member owes: delivered when it resumes.
+    /// Answers a paused or cut-off member owes: delivered when it resumes and is reachable.
     owed: BTreeMap<usize, Vec<SessionId>>,
+    /// The partition under way (its number), if any.
+    partition: Option<u64>,
+    partitions: u64,
     stats: Stats,
     failure: Option<Failure>,
     trace: Option<Vec<String>>,
@@ -225,6 +268,7 @@ impl GatewayWorld {
             .map(|i| SimMember {
                 address: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 8, 0, i as u8 + 1)), 8080),
                 state: MemberState::Up,
+                cut: false,
                 inc: 0,
                 id: MemberId(0),
             })
@@ -249,6 +293,8 @@ impl GatewayWorld {
             next_port: 1024,
             poll_at: None,
             owed: BTreeMap::new(),
+            partition: None,
+            partitions: 0,
             stats: Stats::default(),
             failure: None,
             trace_hash: 0xcbf2_9ce4_8422_2325,
@@ -281,9 +327,29 @@ impl GatewayWorld {
         mean.mul_f64(-u.ln()).min(mean * 20)
     }
 
-    /// One way across the simulated LAN: 0.1–5 ms.
+    /// One way across the simulated LAN: 0.1–5 ms, plus the seed's jitter, plus a
+    /// retransmission timeout (200 ms, doubling) for every time the packet is lost.
     fn hop(&mut self) -> Duration {
-        Duration::from_micros(self.rng.random_range(100..5_000))
+        let mut d = Duration::from_micros(self.rng.random_range(100..5_000));
+        if !self.cfg.jitter.is_zero() {
+            d += self.cfg.jitter.mul_f64(self.rng.random_range(0.0..1.0));
+        }
+        let mut rto = SEGMENT_RTO;
+        while self.cfg.loss > 0.0 && rto < SEGMENT_RTO * 64 && self.rng.random_bool(self.cfg.loss) {
+            self.stats.retransmissions += 1;
+            d += rto;
+            rto *= 2;
+        }
+        d
+    }
+
+    /// Whether a probe or a SYN is lost (never without loss; draws nothing then).
+    fn lost(&mut self) -> bool {
+        let lost = self.cfg.loss > 0.0 && self.rng.random_bool(self.cfg.loss);
+        if lost {
+            self.stats.datagrams_lost += 1;
+        }
+        lost
     }
 
     fn note(&mut self, what: impl FnOnce() -> String) {
@@ -390,6 +456,8 @@ impl GatewayWorld {
             Ev::Restart(i) => self.restart(i),
             Ev::Resume(i) => self.resume(i),
             Ev::DeadCheck(i, inc) => self.dead_check(i, inc),
+            Ev::Heal(n) => self.heal(n),
+            Ev::CutCheck(i, n) => self.cut_check(i, n),
             Ev::Poll => {
                 if self.poll_at.is_some_and(|t| t <= self.now) {
                     self.poll_at = None;
@@ -452,14 +520,31 @@ impl GatewayWorld {
                 phase: Phase::Connecting,
                 opened,
                 member_died: None,
+                cut_at: None,
+                connect_started: self.now,
+                connect_lost: false,
             },
         );
         self.note(|| format!("{}: connect to member {i} ({})", b.session, b.member));
         let at = match self.members[i].state {
             MemberState::HostDown => self.now + CONNECT_TIMEOUT,
+            _ if self.members[i].cut => self.now + CONNECT_TIMEOUT,
             _ => {
-                let rtt = self.hop() + self.hop();
-                self.now + rtt
+                // Lost SYNs are sent again after 1 s, 2 s, ...; the connect gives up at 3 s.
+                let mut wait = Duration::ZERO;
+                let mut retry = SYN_RETRY;
+                while wait < CONNECT_TIMEOUT && self.lost() {
+                    wait += retry;
+                    retry *= 2;
+                }
+                if wait >= CONNECT_TIMEOUT {
+                    let s = self.sessions.get_mut(&b.session).expect("inserted");
+                    s.connect_lost = true;
+                    self.now + CONNECT_TIMEOUT
+                } else {
+                    let rtt = self.hop() + self.hop();
+                    self.now + wait + rtt
+                }
             }
         };
         self.schedule(at, Ev::ConnectDone(b.session, i, inc));
@@ -471,6 +556,20 @@ impl GatewayWorld {
         };
         if s.phase != Phase::Connecting || s.member != i || s.inc != inc {
             // An earlier binding's attempt.
+            return;
+        }
+        if s.connect_lost {
+            self.connect_failed(id, "connect timed out");
+            return;
+        }
+        if self.members[i].cut {
+            // Cut off while the handshake was under way: it times out unless the cut heals first.
+            let deadline = s.connect_started + CONNECT_TIMEOUT;
+            if self.now < deadline {
+                self.schedule(deadline, Ev::ConnectDone(id, i, inc));
+            } else {
+                self.connect_failed(id, "connect timed out");
+            }
             return;
         }
         if self.members[i].inc != inc {
@@ -539,6 +638,11 @@ impl GatewayWorld {
         if self.members[i].inc != inc {
             return;
         }
+        if self.members[i].cut {
+            // TCP keeps retransmitting; it arrives when the cut heals.
+            self.owed.entry(i).or_default().push(id);
+            return;
+        }
         match self.members[i].state {
             MemberState::Up => {
                 // The member works on it for up to 200 ms.
@@ -561,7 +665,7 @@ impl GatewayWorld {
         if self.members[i].inc != inc {
             return;
         }
-        if self.members[i].state == MemberState::Paused {
+        if self.members[i].state == MemberState::Paused || self.members[i].cut {
             self.owed.entry(i).or_default().push(id);
             return;
         }
@@ -591,7 +695,9 @@ impl GatewayWorld {
         s.phase = Phase::ClientClosed;
         let (i, inc) = (s.member, s.inc);
         self.core.half_closed(self.now, id, Side::Client);
-        if self.members[i].state == MemberState::Up && self.members[i].inc == inc {
+        if self.members[i].cut && self.members[i].inc == inc {
+            self.owed.entry(i).or_default().push(id);
+        } else if self.members[i].state == MemberState::Up && self.members[i].inc == inc {
             let d = self.hop();
             self.schedule(self.now + d, Ev::MemberFin(id, inc));
         } else if self.members[i].state == MemberState::Paused {
@@ -606,7 +712,7 @@ impl GatewayWorld {
         if s.phase != Phase::ClientClosed || s.inc != inc || self.members[s.member].inc != inc {
             return;
         }
-        if self.members[s.member].state == MemberState::Paused {
+        if self.members[s.member].state == MemberState::Paused || self.members[s.member].cut {
             let i = s.member;
             self.owed.entry(i).or_default().push(id);
             return;
@@ -679,7 +785,11 @@ impl GatewayWorld {
             let Some(&i) = self.by_id.get(&m) else {
                 continue;
             };
+            // The defect: probes that pass the cut.
+            let through = self.cfg.mutation == Some(Mutation::GatewayProbesThroughCut);
+            let unanswered = (self.members[i].cut && !through) || self.lost();
             let (at, r) = match self.members[i].state {
+                _ if unanswered => (self.now + PROBE_TIMEOUT, Err("timed out".to_string())),
                 MemberState::Up | MemberState::Paused => {
                     let rtt = self.hop() + self.hop();
                     (self.now + rtt, Ok(()))
@@ -703,6 +813,10 @@ impl GatewayWorld {
             .filter(|&i| self.members[i].state == MemberState::Up)
             .collect();
         if up.is_empty() {
+            return;
+        }
+        if self.cfg.partitions && self.partition.is_none() && self.rng.random_bool(0.3) {
+            self.cut_off();
             return;
         }
         let i = up[self.rng.random_range(0..up.len())];
@@ -743,8 +857,9 @@ impl GatewayWorld {
                 *id
             })
             .collect();
-        if !host {
-            // The kernel resets every connection of the dead process.
+        if !host && !self.members[i].cut {
+            // The kernel resets every connection of the dead process (behind a cut, the
+            // resets are lost; the connections are reset when it heals).
             for id in bound {
                 let connecting = self.sessions.get(&id).map(|s| s.phase) == Some(Phase::Connecting);
                 if !connecting {
@@ -780,8 +895,9 @@ impl GatewayWorld {
         self.stats.restarts += 1;
         self.hash(10, i as u64);
         self.note(|| format!("RESTART member {i}"));
-        if was_host {
-            // Old connections meet a host that knows nothing of them: RST.
+        if was_host && !self.members[i].cut {
+            // Old connections meet a host that knows nothing of them: RST (behind a cut, when
+            // it heals).
             let stale: Vec<SessionId> = self
                 .sessions
                 .iter()
@@ -802,6 +918,14 @@ impl GatewayWorld {
         self.members[i].state = MemberState::Up;
         self.hash(11, i as u64);
         self.note(|| format!("RESUME member {i}"));
+        self.deliver_owed(i);
+    }
+
+    /// What member i owes (answers, FINs) goes out once it runs and the gateway can hear it.
+    fn deliver_owed(&mut self, i: usize) {
+        if self.members[i].state != MemberState::Up || self.members[i].cut {
+            return;
+        }
         let owed = self.owed.remove(&i).unwrap_or_default();
         let inc = self.members[i].inc;
         for id in owed {
@@ -817,6 +941,94 @@ impl GatewayWorld {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// A partition: some members (one to all) are cut off from the gateway for 2–40 s. The
+    /// gateway cannot tell this from a host crash: probes and connects time out, the
+    /// established connections are silent (TCP retransmits; nothing is lost when it heals).
+    fn cut_off(&mut self) {
+        self.partitions += 1;
+        let n = self.partitions;
+        self.partition = Some(n);
+        let count = self.rng.random_range(1..=self.members.len());
+        let mut cut: Vec<usize> = (0..self.members.len()).collect();
+        for k in 0..count {
+            let j = self.rng.random_range(k..cut.len());
+            cut.swap(k, j);
+        }
+        cut.truncate(count);
+        cut.sort_unstable();
+        let d = Duration::from_millis(self.rng.random_range(2_000..40_000));
+        self.stats.partitions += 1;
+        self.hash(12, cut.iter().fold(0, |m, i| m | 1 << i));
+        self.note(|| {
+            format!(
+                "PARTITION members {cut:?} cut off for {:.3} s",
+                d.as_secs_f64()
+            )
+        });
+        let now = self.now;
+        for &i in &cut {
+            self.members[i].cut = true;
+            for s in self.sessions.values_mut() {
+                if s.member == i && s.phase != Phase::Connecting {
+                    s.cut_at = Some(now);
+                }
+            }
+            self.schedule(now + DEAD_BOUND, Ev::CutCheck(i, n));
+        }
+        self.schedule(now + d, Ev::Heal(n));
+    }
+
+    /// Partition `n` heals: what was held back flows, resets of crashes behind the cut arrive.
+    fn heal(&mut self, n: u64) {
+        if self.partition != Some(n) {
+            return;
+        }
+        self.partition = None;
+        self.hash(13, n);
+        self.note(|| "HEAL".to_string());
+        for i in 0..self.members.len() {
+            if !self.members[i].cut {
+                continue;
+            }
+            self.members[i].cut = false;
+            let inc = self.members[i].inc;
+            if self.members[i].state != MemberState::HostDown {
+                // The member's kernel resets connections of an earlier incarnation.
+                let stale: Vec<SessionId> = self
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| s.member == i && s.phase != Phase::Connecting && s.inc != inc)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in stale {
+                    self.member_reset_later(id);
+                }
+            }
+            self.deliver_owed(i);
+        }
+    }
+
+    /// A member cut off for [`DEAD_BOUND`], and still cut off, must have no session left that
+    /// was established with it when the cut began: to the gateway a cut-off member is a dead
+    /// host (3 probes time out), so it ends them as member lost, as after a host crash.
+    fn cut_check(&mut self, i: usize, n: u64) {
+        if self.partition != Some(n) || !self.members[i].cut {
+            return;
+        }
+        let health = self.core.member_health(self.members[i].id);
+        if let Some((id, s)) = self
+            .sessions
+            .iter()
+            .find(|(_, s)| s.member == i && s.cut_at.is_some() && s.phase != Phase::Connecting)
+        {
+            let msg = format!(
+                "{id} is still bound to member {i} ({:?}), cut off from the gateway at {:?}, {DEAD_BOUND:?} later (health {health:?})",
+                s.phase, s.cut_at
+            );
+            self.fail("gateway_member_lost_in_time", msg);
         }
     }
 

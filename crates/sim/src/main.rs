@@ -29,6 +29,7 @@ struct Args {
     mutation: Option<Mutation>,
     check_every: Option<u64>,
     gateway: bool,
+    clean_network: bool,
     pcap: Option<std::path::PathBuf>,
     pcap_limit: u64,
 }
@@ -55,6 +56,7 @@ fn parse() -> Result<Args, String> {
         mutation: None,
         check_every: None,
         gateway: false,
+        clean_network: false,
         pcap: None,
         pcap_limit: DEFAULT_PCAP_LIMIT,
     };
@@ -71,6 +73,7 @@ fn parse() -> Result<Args, String> {
             "--seed" => a.seed = Some(num("--seed", value("--seed")?)?),
             "--trace" => a.trace = true,
             "--gateway" => a.gateway = true,
+            "--clean-network" => a.clean_network = true,
             "--pcap" => a.pcap = Some(value("--pcap")?.into()),
             "--pcap-limit" => a.pcap_limit = num("--pcap-limit", value("--pcap-limit")?)?,
             "--faults" => a.faults = Some(Faults::parse(&value("--faults")?)?),
@@ -103,9 +106,10 @@ fn parse() -> Result<Args, String> {
                     "reordered-session-start" => Mutation::ReorderedSessionStart,
                     "duplicated-session-messages" => Mutation::DuplicatedSessionMessages,
                     "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
+                    "gateway-probes-through-cut" => Mutation::GatewayProbesThroughCut,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut)"
                         ))
                     }
                 })
@@ -138,10 +142,15 @@ fn parse() -> Result<Args, String> {
                                       one-way-enrp, silent-pes, blind-takeover-acks,\n\
                                       lost-probe-answers, reordered-session-start,\n\
                                       duplicated-session-messages,\n\
-                                      gateway-fin-from-dead-member (tests of the checker)\n\
+                                      gateway-fin-from-dead-member,\n\
+                                      gateway-probes-through-cut (tests of the checker)\n\
                      --gateway        run the LSNAT gateway core's world instead (clients, data\n\
-                                      plane, members that crash, restart and pause); takes\n\
-                                      --seeds, --first, --seed, --trace, --mutation"
+                                      plane, members that crash, restart and pause, a\n\
+                                      network that loses and cuts members off); takes\n\
+                                      --seeds, --first, --seed, --trace, --mutation,\n\
+                                      --clean-network\n\
+                     --clean-network  (--gateway) no loss, jitter or partitions: a seed as it\n\
+                                      ran before the gateway world's network lost and cut"
                 );
                 std::process::exit(0);
             }
@@ -177,6 +186,11 @@ fn main() -> ExitCode {
             let mut cfg = GatewayConfig::from_seed(seed);
             cfg.trace = args.trace;
             cfg.mutation = args.mutation;
+            if args.clean_network {
+                cfg.loss = 0.0;
+                cfg.jitter = Duration::ZERO;
+                cfg.partitions = false;
+            }
             let o = run_gateway(cfg);
             for line in &o.trace {
                 println!("{line}");

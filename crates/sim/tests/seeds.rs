@@ -164,6 +164,17 @@ fn a_seed_without_sessions_runs_as_before_sessions_existed() {
     );
 }
 
+/// A seed whose draws leave CalcApp off is the run it was before CalcApp was simulated (seed
+/// 1002 runs 30 PingPong sessions; the hash is the one it gave then).
+#[test]
+fn a_seed_without_calcapp_runs_as_before_calcapp_existed() {
+    let mut cfg = SimConfig::from_seed(1002);
+    cfg.calcapp = false;
+    let o = run(cfg);
+    assert!(o.stats.sessions > 0, "{}", o.stats);
+    assert_eq!(o.trace_hash, 0xeb29_18af_a39e_690b);
+}
+
 /// Registrars that ack every INIT_TAKEOVER unread and never hear of a winner all win the
 /// takeover of a dead peer: the checker must report `takeover_unique`. The same seed without
 /// the defect passes.
@@ -298,6 +309,50 @@ fn gateway_seed_set() {
         total.gw_closed > 0 && total.gw_member_lost > 0 && total.gw_refused > 0,
         "the gateway seeds exercise too little: {total}"
     );
+    assert!(
+        total.partitions > 0 && total.datagrams_lost > 0 && total.retransmissions > 0,
+        "the gateway seeds' network neither cuts nor loses: {total}"
+    );
+}
+
+/// A gateway seed as it ran before its network could lose, jitter and cut members off.
+fn gateway_clean_network(seed: u64) -> GatewayConfig {
+    let mut cfg = GatewayConfig::from_seed(seed);
+    cfg.loss = 0.0;
+    cfg.jitter = std::time::Duration::ZERO;
+    cfg.partitions = false;
+    cfg
+}
+
+/// With a clean network a gateway seed is the run it was before the network could lose and
+/// cut (the hashes it gave then), so the regression seeds replay what they found.
+#[test]
+fn a_gateway_seed_with_a_clean_network_runs_as_before() {
+    assert_eq!(
+        run_gateway(gateway_clean_network(7)).trace_hash,
+        0x2b4c_f487_aefc_7069
+    );
+    assert_eq!(
+        run_gateway(gateway_clean_network(1313)).trace_hash,
+        0x9edb_89a7_6138_ee79
+    );
+}
+
+/// A data plane whose probes pass a partition: the cut-off member looks alive, its sessions
+/// hang, and the checker must report `gateway_member_lost_in_time`. Without the defect the same
+/// seed passes (the core judges the member dead and ends them as member lost).
+#[test]
+fn the_checker_catches_a_cut_off_member_that_looks_alive() {
+    let mut cfg = GatewayConfig::from_seed(2);
+    assert!(cfg.partitions);
+    cfg.mutation = Some(Mutation::GatewayProbesThroughCut);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("sessions of a cut-off member that looks alive went unnoticed");
+    assert_eq!(f.invariant, "gateway_member_lost_in_time", "{f}");
+    let o = run_gateway(GatewayConfig::from_seed(2));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    assert!(o.stats.partitions > 0, "{}", o.stats);
 }
 
 /// Gateway seeds that once broke an invariant (docs/simulation.md says what they found).
@@ -307,7 +362,13 @@ const GATEWAY_REGRESSION_SEEDS: &[u64] = &[322, 570, 906, 1313];
 fn gateway_regression_seeds() {
     let outcomes: Vec<Outcome> = GATEWAY_REGRESSION_SEEDS
         .iter()
-        .map(|&s| run_gateway(GatewayConfig::from_seed(s)))
+        .flat_map(|&s| {
+            // As found (a clean network), and with the seed's own network.
+            [
+                run_gateway(gateway_clean_network(s)),
+                run_gateway(GatewayConfig::from_seed(s)),
+            ]
+        })
         .collect();
     report(&outcomes);
 }
