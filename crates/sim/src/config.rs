@@ -139,6 +139,9 @@ pub enum Mutation {
     /// The gateway simulation's probes pass a partition (the member looks alive while its
     /// connections are cut off): `gateway_member_lost_in_time` must fail.
     GatewayProbesThroughCut,
+    /// A CalcApp cookie echo reaches the PE with its progress set to none:
+    /// `calcapp_resumes_from_cookie` must fail.
+    CalcAppEchoLosesProgress,
 }
 
 /// Everything one run needs.

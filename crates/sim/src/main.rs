@@ -107,9 +107,10 @@ fn parse() -> Result<Args, String> {
                     "duplicated-session-messages" => Mutation::DuplicatedSessionMessages,
                     "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     "gateway-probes-through-cut" => Mutation::GatewayProbesThroughCut,
+                    "calcapp-echo-loses-progress" => Mutation::CalcAppEchoLosesProgress,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress)"
                         ))
                     }
                 })
@@ -143,7 +144,8 @@ fn parse() -> Result<Args, String> {
                                       lost-probe-answers, reordered-session-start,\n\
                                       duplicated-session-messages,\n\
                                       gateway-fin-from-dead-member,\n\
-                                      gateway-probes-through-cut (tests of the checker)\n\
+                                      gateway-probes-through-cut,\n\
+                                      calcapp-echo-loses-progress (tests of the checker)\n\
                      --gateway        run the LSNAT gateway core's world instead (clients, data\n\
                                       plane, members that crash, restart and pause, a\n\
                                       network that loses and cuts members off); takes\n\

@@ -1554,6 +1554,8 @@ impl World {
                     return;
                 }
             }
+            let mutated = self.reset_calcapp_echo(bytes);
+            let bytes = mutated.as_deref().unwrap_or(bytes);
             let p = &mut self.pes[j];
             if let (Some(server), Some((ppid, m))) = (p.server.as_mut(), unframe(bytes)) {
                 if p.sessions.contains(&id) {
@@ -1912,6 +1914,27 @@ impl World {
                 }
             }
         }
+    }
+
+    /// [`Mutation::CalcAppEchoLosesProgress`]: a CalcApp cookie echo on its way to the PE with
+    /// its progress set to none (the re-encoded message), else `None`.
+    fn reset_calcapp_echo(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        if self.cfg.mutation != Some(Mutation::CalcAppEchoLosesProgress) {
+            return None;
+        }
+        let Some((11, m)) = unframe(bytes) else {
+            return None;
+        };
+        let Ok(AsapMessage::CookieEcho(mut echo)) =
+            self.codec.decode::<AsapMessage>(m).map(|d| d.message)
+        else {
+            return None;
+        };
+        let mut cookie = CalcAppCookie::decode(&echo.cookie).ok()?;
+        cookie.completed = 0;
+        echo.cookie = cookie.encode().to_vec();
+        let b = self.codec.encode(&AsapMessage::CookieEcho(echo)).ok()?;
+        Some(frame(11, &b))
     }
 
     /// Follows PE j's CalcApp jobs by its service's reports: `calcapp_max_jobs` (never more

@@ -164,6 +164,18 @@ fn a_seed_without_sessions_runs_as_before_sessions_existed() {
     );
 }
 
+/// A cookie echo whose CalcApp progress is lost on the way: the PE resumes the job from
+/// nothing, and the checker must report `calcapp_resumes_from_cookie`.
+#[test]
+fn the_checker_catches_a_job_resumed_from_less_than_its_cookie() {
+    let mut cfg = calcapp_only(12);
+    cfg.mutation = Some(Mutation::CalcAppEchoLosesProgress);
+    let f = run(cfg)
+        .failure
+        .expect("a job resumed from less than its cookie went unnoticed");
+    assert_eq!(f.invariant, "calcapp_resumes_from_cookie", "{f}");
+}
+
 /// A seed whose draws leave CalcApp off is the run it was before CalcApp was simulated (seed
 /// 1002 runs 30 PingPong sessions; the hash is the one it gave then).
 #[test]
@@ -236,20 +248,24 @@ fn sessions_only(seed: u64, mutation: Option<Mutation>) -> SimConfig {
 /// CalcApp sessions only (one pool, its PEs run CalcApp, one job at a time each) with PE
 /// crashes, pauses and partitions: jobs complete once each, jobs resume from their cookies on
 /// other PEs, full PEs reject.
+fn calcapp_only(seed: u64) -> SimConfig {
+    let mut cfg = SimConfig::from_seed(seed);
+    cfg.pools = 1;
+    cfg.calcapp = true;
+    cfg.calcapp_max_jobs = 1;
+    cfg.sessions_per_pu = 2;
+    cfg.faults = Faults {
+        mean_interval: std::time::Duration::from_secs(8),
+        ..Faults::parse("pe,pause,partition").unwrap()
+    };
+    cfg
+}
+
 #[test]
 fn calcapp_jobs_complete_once_and_resume_from_their_cookies() {
     let mut total = rserpool_sim::Stats::default();
     for seed in [3, 11, 12] {
-        let mut cfg = SimConfig::from_seed(seed);
-        cfg.pools = 1;
-        cfg.calcapp = true;
-        cfg.calcapp_max_jobs = 1;
-        cfg.sessions_per_pu = 2;
-        cfg.faults = Faults {
-            mean_interval: std::time::Duration::from_secs(8),
-            ..Faults::parse("pe,pause,partition").unwrap()
-        };
-        let o = run(cfg);
+        let o = run(calcapp_only(seed));
         assert!(o.failure.is_none(), "{}", o.failure.unwrap());
         total.add(&o.stats);
     }
