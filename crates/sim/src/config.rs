@@ -155,8 +155,8 @@ pub struct SimConfig {
     pub pool_elements: usize,
     /// Pool users (handle resolvers).
     pub pool_users: usize,
-    /// PingPong sessions each pool user keeps running (with failover and cookies); a session
-    /// that finished or gave up is followed by a new one.
+    /// Sessions (PingPong, or CalcApp on the CalcApp pool) each pool user keeps running (with
+    /// failover and cookies); a session that finished or gave up is followed by a new one.
     pub sessions_per_pu: usize,
     /// PingPong PEs abort a session after this many replies (RSPLIB `-pppfailureafter`), to
     /// force failovers with cookies; 0 never.
@@ -214,7 +214,8 @@ pub struct SimConfig {
 
 impl SimConfig {
     /// A run drawn from `seed`: network quality, faults, whether announces and ENRP multicast
-    /// are on, and sizes (3–5 registrars, 6–16 PEs, 1–3 PUs, 0–2 sessions per PU).
+    /// are on, and sizes (3–5 registrars, 6–16 PEs, 1–3 PUs, 0–2 sessions per PU); in half of
+    /// the seeds the last pool runs CalcApp.
     pub fn from_seed(seed: u64) -> Self {
         let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c0f1_9000_0000);
         let lossy = r.random_bool(0.5);

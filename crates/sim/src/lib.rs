@@ -1,5 +1,5 @@
 //! Deterministic simulation of RSerPool: registrars (the ASAP core and the ENRP core of
-//! `rserpool-registrar`), pool elements and pool users with their PingPong sessions (the cores
+//! `rserpool-registrar`), pool elements and pool users with their PingPong and CalcApp sessions (the cores
 //! of `rserpool-endpoint` and `rserpool-services`) run in
 //! one thread, in virtual time, over a simulated network that delays, loses, duplicates and
 //! reorders datagrams, keeps associations reliable and ordered (loss costs retransmission
@@ -7,7 +7,8 @@
 //! choice comes from one seed, so any run replays exactly. Invariants are checked after every
 //! step; a broken one names the seed, the step and the command that replays it. The LSNAT
 //! gateway core (`rserpool-lsnat` without its runtime) runs in its own world ([`gateway`]):
-//! clients, a simulated data plane and members that crash, restart and pause.
+//! clients, a simulated data plane and members that crash, restart and pause, over a network
+//! that delays, loses and cuts members off.
 //!
 //! No tokio, no sockets: the cores are driven directly, as their drivers would.
 //!
