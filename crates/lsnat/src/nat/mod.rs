@@ -42,6 +42,8 @@ struct Plane {
 /// What start-up prepared: the tables exist (empty), the event socket is subscribed.
 pub struct Prepared {
     planes: Vec<Plane>,
+    /// The listeners in the configuration's order, for start-up messages.
+    order: Vec<(Protocol, SocketAddr)>,
     subscription: conntrack::Subscription,
     nft: String,
 }
@@ -49,10 +51,7 @@ pub struct Prepared {
 impl Prepared {
     /// The virtual addresses the kernel will translate.
     pub fn listeners(&self) -> Vec<(Protocol, SocketAddr)> {
-        self.planes
-            .iter()
-            .flat_map(|p| p.listeners.iter().map(|l| (l.protocol, l.address)))
-            .collect()
+        self.order.clone()
     }
 }
 
@@ -244,6 +243,11 @@ pub fn prepare(config: &Config) -> Result<Prepared, String> {
     }
     Ok(Prepared {
         planes,
+        order: config
+            .listeners
+            .iter()
+            .map(|l| (l.protocol, l.address))
+            .collect(),
         subscription,
         nft: config.nat.nft.clone(),
     })
@@ -418,6 +422,7 @@ fn by_name(policy: crate::core::policy::LoadSharePolicy) -> &'static str {
 pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch::Receiver<bool>) {
     let Prepared {
         planes,
+        order: _,
         subscription,
         nft,
     } = prepared;
