@@ -155,9 +155,11 @@ pub enum Mode {
 /// NAT mode settings (`[nat]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NatConfig {
-    /// The nftables table the gateway owns (family ip); created, rewritten and removed by it.
+    /// The nftables tables the gateway owns (this name in family `ip` for IPv4 listeners and
+    /// in family `ip6` for IPv6 ones); created, rewritten and removed by it.
     pub table: String,
-    /// Source translation towards the members: "off", "masquerade" or an IPv4 address.
+    /// Source translation towards the members: "off", "masquerade" or an address (of the
+    /// listeners' family).
     pub source_nat: crate::nat::plan::SourceNat,
     /// Most slots in the kernel's weight map (weights are scaled to fit).
     pub max_slots: u32,
@@ -555,7 +557,7 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         Some(a) => SourceNat::To(a.parse().map_err(|_| {
             c.err(
                 "nat.source-nat",
-                format!("{a:?} is not \"off\", \"masquerade\" or an IPv4 address"),
+                format!("{a:?} is not \"off\", \"masquerade\" or an IP address"),
             )
         })?),
     };
@@ -1251,6 +1253,12 @@ impl Config {
             }
         };
         let nat = check_nat(&c, &raw.nat)?;
+        if mode == Mode::Nat {
+            let ls: Vec<SocketAddr> = listeners.iter().map(|l| l.address).collect();
+            let ms: Vec<SocketAddr> = members.iter().map(|m| m.address).collect();
+            crate::nat::check_families(&ls, &ms, &nat.source_nat)
+                .map_err(|(field, message)| c.err(field, message))?;
+        }
 
         Ok(Config {
             mode,

@@ -93,17 +93,21 @@ fn the_mode_flag_overrides_the_file() {
 
 #[test]
 fn nat_mode_refuses_listeners_it_cannot_translate() {
-    // Checked before anything touches the kernel, so this runs without root.
+    // Checked before anything touches the kernel, so this runs without root (and as root
+    // programs nothing).
     let c = Config::from_toml(
-        "mode = \"nat\"\n[[listener]]\naddress = \"[::1]:8080\"\n[pool]\nmembers = [{ address = \"[::1]:80\" }]\n",
+        "mode = \"nat\"\n[[listener]]\naddress = \"[::]:8080\"\n[pool]\nmembers = [{ address = \"[::1]:80\" }]\n",
         "test.toml",
         &Overrides::default(),
     )
     .unwrap();
     let e = rserpool_lsnat::nat::prepare(&c)
         .err()
-        .expect("IPv6 is refused");
-    assert!(e.contains("IPv4"), "{e}");
+        .expect("a wildcard is refused");
+    assert!(
+        e.contains("[::]:8080") && e.contains("one address and port"),
+        "{e}"
+    );
     let c = load("mode = \"nat\"", "")
         .map(|mut c| {
             c.listeners[0].address = "0.0.0.0:8080".parse().unwrap();
@@ -111,6 +115,98 @@ fn nat_mode_refuses_listeners_it_cannot_translate() {
         })
         .unwrap();
     assert!(rserpool_lsnat::nat::prepare(&c).is_err());
+}
+
+fn nat_toml(listeners: &[&str], members: &[&str], extra: &str) -> Result<Config, ConfigError> {
+    let mut t = String::from("mode = \"nat\"\n");
+    for l in listeners {
+        t.push_str(&format!("[[listener]]\naddress = \"{l}\"\n"));
+    }
+    let ms: Vec<String> = members
+        .iter()
+        .map(|m| format!("{{ address = \"{m}\" }}"))
+        .collect();
+    t.push_str(&format!("[pool]\nmembers = [{}]\n{extra}", ms.join(", ")));
+    Config::from_toml(&t, "test.toml", &Overrides::default())
+}
+
+#[test]
+fn ipv6_listeners_run_in_nat_mode_with_their_own_client_prefix() {
+    let c = nat_toml(
+        &["[fd00:231:1::2]:8080"],
+        &["[fd00:231:2::2]:7000", "[fd00:231:2::3]:7000"],
+        "[persistence]\ntimeout = \"5m\"\nnetmask-v6 = 56\n",
+    )
+    .unwrap();
+    assert_eq!(c.mode, Mode::Nat);
+    assert_eq!(c.core.persistence.netmask_v6, 56);
+    // The IPv6 table groups clients by netmask-v6, the IPv4 one by netmask-v4.
+    use rserpool_lsnat::nat::plan::Family;
+    let s6 = rserpool_lsnat::nat::table_settings(&c, Family::V6);
+    assert_eq!(s6.family, Family::V6);
+    assert_eq!(s6.table, "rserpool_lsnat");
+    assert_eq!(s6.persistence, Some((56, Duration::from_secs(300))));
+    let s4 = rserpool_lsnat::nat::table_settings(&c, Family::V4);
+    assert_eq!(s4.persistence, Some((32, Duration::from_secs(300))));
+    let e = nat_toml(
+        &["[fd00:231:1::2]:8080"],
+        &["[fd00:231:2::2]:7000"],
+        "[persistence]\nnetmask-v6 = 129\n",
+    )
+    .unwrap_err();
+    assert_eq!(field_of(e), "persistence.netmask-v6");
+    // Mixed listeners: each family's members serve its listeners.
+    let c = nat_toml(
+        &["10.0.1.2:8080", "[fd00:231:1::2]:8080"],
+        &["10.0.2.2:7000", "[fd00:231:2::2]:7000"],
+        "[nat]\nsource-nat = \"masquerade\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.listeners.len(), 2);
+    // A source address of one family cannot serve both.
+    let e = nat_toml(
+        &["10.0.1.2:8080", "[fd00:231:1::2]:8080"],
+        &["10.0.2.2:7000", "[fd00:231:2::2]:7000"],
+        "[nat]\nsource-nat = \"10.0.2.1\"\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("10.0.2.1"), "{e}");
+    assert_eq!(field_of(e), "nat.source-nat");
+    let c = nat_toml(
+        &["[fd00:231:1::2]:8080"],
+        &["[fd00:231:2::2]:7000"],
+        "[nat]\nsource-nat = \"fd00:231:2::1\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.nat.source_nat,
+        SourceNat::To("fd00:231:2::1".parse().unwrap())
+    );
+}
+
+#[test]
+fn nat_mode_refuses_a_member_of_another_family_than_the_listeners() {
+    let e = nat_toml(
+        &["10.0.1.2:8080"],
+        &["10.0.2.2:7000", "[fd00:231:2::3]:7000"],
+        "",
+    )
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("[fd00:231:2::3]:7000"), "{text}");
+    assert!(text.contains("IPv6") && text.contains("IPv4"), "{text}");
+    assert_eq!(field_of(e), "pool.members[1].address");
+    let e = nat_toml(&["[fd00:231:1::2]:8080"], &["10.0.2.2:7000"], "").unwrap_err();
+    assert!(e.to_string().contains("10.0.2.2:7000"), "{e}");
+    assert_eq!(field_of(e), "pool.members[0].address");
+    // The proxy relays between families: the same configuration is fine in proxy mode.
+    let c = Config::from_toml(
+        "[[listener]]\naddress = \"10.0.1.2:8080\"\n[pool]\nmembers = [{ address = \"[fd00:231:2::3]:7000\" }]\n",
+        "test.toml",
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.mode, Mode::Proxy);
 }
 
 /// Without root, `--mode nat` falls back to the proxy (and says so) unless `nat.required`.
@@ -125,7 +221,7 @@ async fn without_root_nat_falls_back_to_the_proxy_or_refuses_when_required() {
             &Overrides::default(),
         )
         .unwrap();
-        // An IPv6 listener cannot be translated: the proxy serves it.
+        // A listener on port 0 cannot be translated: the proxy serves it.
         let src = rserpool_lsnat::member_source(&c);
         let r = rserpool_lsnat::start(c, src).await.unwrap();
         assert!(

@@ -408,10 +408,13 @@ impl AsRawFd for Subscription {
     }
 }
 
-/// The conntrack table's IPv4 TCP and UDP entries now (a ctnetlink dump on its own socket),
-/// as update events. Used to resynchronise after events were lost, and at start to adopt
-/// sessions bound before a restart. Blocking; needs CAP_NET_ADMIN.
-pub fn dump(timeout: std::time::Duration) -> std::io::Result<Vec<CtEvent>> {
+/// The conntrack table's TCP and UDP entries of `family` now (a ctnetlink dump on its own
+/// socket), as update events. Used to resynchronise after events were lost, and at start to
+/// adopt sessions bound before a restart. Blocking; needs CAP_NET_ADMIN.
+pub fn dump(
+    family: super::plan::Family,
+    timeout: std::time::Duration,
+) -> std::io::Result<Vec<CtEvent>> {
     use netlink_packet_core::NetlinkMessage;
     use netlink_packet_netfilter::{NetfilterHeader, NetfilterProtoFamily};
     const NLM_F_REQUEST: u16 = 1;
@@ -421,7 +424,14 @@ pub fn dump(timeout: std::time::Duration) -> std::io::Result<Vec<CtEvent>> {
     socket.bind_auto()?;
     socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
     let nf = NetfilterMessage::new(
-        NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
+        NetfilterHeader::new(
+            match family {
+                super::plan::Family::V4 => NetfilterProtoFamily::IPv4,
+                super::plan::Family::V6 => NetfilterProtoFamily::IPv6,
+            },
+            0,
+            0,
+        ),
         ConntrackMessage::Get(vec![]),
     );
     let mut msg = NetlinkMessage::from(nf);
@@ -480,13 +490,17 @@ mod tests {
     use netlink_packet_netfilter::{NetfilterHeader, NetfilterProtoFamily};
 
     fn tuple(src: &str, sp: u16, dst: &str, dp: u16) -> Vec<Tuple> {
+        tuple_of(CtProto::Tcp, src, sp, dst, dp)
+    }
+
+    fn tuple_of(proto: CtProto, src: &str, sp: u16, dst: &str, dp: u16) -> Vec<Tuple> {
         vec![
             Tuple::Ip(vec![
                 IPTuple::SourceAddress(src.parse().unwrap()),
                 IPTuple::DestinationAddress(dst.parse().unwrap()),
             ]),
             Tuple::Proto(vec![
-                ProtoTuple::Protocol(CtProto::Tcp),
+                ProtoTuple::Protocol(proto),
                 ProtoTuple::SourcePort(sp),
                 ProtoTuple::DestinationPort(dp),
             ]),
@@ -494,8 +508,12 @@ mod tests {
     }
 
     fn encode(msg: ConntrackMessage, flags: u16) -> Vec<u8> {
+        encode_family(NetfilterProtoFamily::IPv4, msg, flags)
+    }
+
+    fn encode_family(family: NetfilterProtoFamily, msg: ConntrackMessage, flags: u16) -> Vec<u8> {
         let kind: u8 = msg.message_type().into();
-        let nf = NetfilterMessage::new(NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0), msg);
+        let nf = NetfilterMessage::new(NetfilterHeader::new(family, 0, 0), msg);
         let mut nl = NetlinkMessage::from(nf);
         nl.header.flags = flags;
         nl.finalize();
@@ -524,6 +542,62 @@ mod tests {
         assert_eq!(e.member, Some("10.0.2.3:7000".parse().unwrap()));
         assert!(e.dnat);
         assert!(!e.seen_reply);
+    }
+
+    #[test]
+    fn ipv6_events_give_ipv6_client_virtual_address_and_member() {
+        let m = ConntrackMessage::New(vec![
+            ConntrackAttribute::CtaTupleOrig(tuple("fd00:231:1::1", 40000, "fd00:231:1::2", 8080)),
+            ConntrackAttribute::CtaTupleReply(tuple("fd00:231:2::3", 7000, "fd00:231:1::1", 40000)),
+            ConntrackAttribute::CtaStatus(Status::DstNat | Status::Confirmed),
+        ]);
+        let bytes = encode_family(NetfilterProtoFamily::IPv6, m, NLM_F_CREATE | 0x200);
+        let ev = parse_datagram(&bytes);
+        assert_eq!(ev.len(), 1);
+        let e = ev[0].as_ref().unwrap();
+        assert_eq!(e.kind, CtKind::New);
+        assert_eq!(e.protocol, Protocol::Tcp);
+        assert_eq!(e.client, "[fd00:231:1::1]:40000".parse().unwrap());
+        assert_eq!(e.virtual_address, "[fd00:231:1::2]:8080".parse().unwrap());
+        assert_eq!(e.member, Some("[fd00:231:2::3]:7000".parse().unwrap()));
+        assert!(e.dnat);
+        // A UDP destroy of an IPv6 flow, with a reply seen.
+        let m = ConntrackMessage::Delete(vec![
+            ConntrackAttribute::CtaTupleOrig(tuple_of(
+                CtProto::Udp,
+                "fd00:231:1::1",
+                5000,
+                "fd00:231:1::2",
+                5353,
+            )),
+            ConntrackAttribute::CtaTupleReply(tuple_of(
+                CtProto::Udp,
+                "fd00:231:2::2",
+                5353,
+                "fd00:231:1::1",
+                5000,
+            )),
+            ConntrackAttribute::CtaStatus(Status::DstNat | Status::SeenReply),
+        ]);
+        let ev = parse_datagram(&encode_family(NetfilterProtoFamily::IPv6, m, 0));
+        let e = ev[0].as_ref().unwrap();
+        assert_eq!(e.kind, CtKind::Destroy);
+        assert_eq!(e.protocol, Protocol::Udp);
+        assert_eq!(e.member, Some("[fd00:231:2::2]:5353".parse().unwrap()));
+        assert!(e.seen_reply);
+        // An IPv6 message cut inside its address is an error, not a panic.
+        let m = ConntrackMessage::New(vec![ConntrackAttribute::CtaTupleOrig(tuple(
+            "fd00:231:1::1",
+            1,
+            "fd00:231:1::2",
+            2,
+        ))]);
+        let b = encode_family(NetfilterProtoFamily::IPv6, m, NLM_F_CREATE);
+        for cut in 16..b.len() {
+            let mut t = b[..cut].to_vec();
+            t[0..4].copy_from_slice(&(cut as u32).to_ne_bytes());
+            let _ = parse_datagram(&t);
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! NAT mode: the kernel moves the packets, the gateway decides.
 //!
-//! The gateway owns one nftables table (`nat.table`, family ip). New sessions to a virtual
+//! The gateway owns one nftables table per address family its listeners use (`nat.table`:
+//! family `ip` for IPv4 listeners, family `ip6` of the same name for IPv6 ones; members are of
+//! their listener's family, as DNAT cannot translate between families). New sessions to a virtual
 //! address are translated (DNAT, with port translation where the member's port differs) to a
 //! member drawn from a weight map that the core keeps current ([`plan`]); conntrack events
 //! ([`conntrack`]) become the session receipts: NEW is the binding, a packet back from the
@@ -24,17 +26,24 @@ use crate::core::{
 };
 use crate::driver::Shared;
 use conntrack::{tcp_state, CtEvent, CtKind};
-use plan::{MemberView, NatListener, Program, TableSettings};
+use plan::{Family, MemberView, NatListener, Program, TableSettings};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// What start-up prepared: the table exists (empty), the event socket is subscribed.
-pub struct Prepared {
+/// One family's table and the listeners it translates.
+struct Plane {
     settings: TableSettings,
     listeners: Vec<NatListener>,
+}
+
+/// What start-up prepared: the tables exist (empty), the event socket is subscribed.
+pub struct Prepared {
+    planes: Vec<Plane>,
+    /// The listeners in the configuration's order, for start-up messages.
+    order: Vec<(Protocol, SocketAddr)>,
     subscription: conntrack::Subscription,
     nft: String,
 }
@@ -42,21 +51,23 @@ pub struct Prepared {
 impl Prepared {
     /// The virtual addresses the kernel will translate.
     pub fn listeners(&self) -> Vec<(Protocol, SocketAddr)> {
-        self.listeners
-            .iter()
-            .map(|l| (l.protocol, SocketAddr::V4(l.address)))
-            .collect()
+        self.order.clone()
     }
 }
 
-/// The table settings a configuration asks for.
-pub fn table_settings(config: &Config) -> TableSettings {
+/// The settings of the table for `family` that a configuration asks for.
+pub fn table_settings(config: &Config, family: Family) -> TableSettings {
     let p = &config.core.persistence;
+    let netmask = match family {
+        Family::V4 => p.netmask_v4,
+        Family::V6 => p.netmask_v6,
+    };
     TableSettings {
         table: config.nat.table.clone(),
+        family,
         source_nat: config.nat.source_nat.clone(),
         max_slots: config.nat.max_slots,
-        persistence: (!p.timeout.is_zero()).then_some((p.netmask_v4, p.timeout)),
+        persistence: (!p.timeout.is_zero()).then_some((netmask, p.timeout)),
         persistence_max: p.max_entries.min(u32::MAX as usize) as u32,
         events: config.nat.events,
     }
@@ -91,40 +102,113 @@ pub fn core_config(mut c: CoreConfig) -> CoreConfig {
     c
 }
 
-/// Checks that NAT mode can run and prepares it: IPv4 listeners only, root, the `nft` binary,
-/// a fresh table (cleaning up after a crash), and the conntrack event subscription. Blocking
-/// (runs `nft`). The error says why, for the start-up message.
-pub fn prepare(config: &Config) -> Result<Prepared, String> {
-    let mut listeners = Vec::new();
+/// Whether the listeners, members and `nat.source-nat` of a NAT-mode configuration fit
+/// together: each static member of a family some listener has (DNAT cannot translate between
+/// IPv4 and IPv6), a `nat.source-nat` address of every listener's family. The error is the
+/// field and the message (naming the member); the configuration is refused with it.
+pub fn check_families(
+    listeners: &[std::net::SocketAddr],
+    members: &[std::net::SocketAddr],
+    source_nat: &plan::SourceNat,
+) -> Result<(), (String, String)> {
+    let families: std::collections::BTreeSet<Family> =
+        listeners.iter().map(|a| Family::of(a.ip())).collect();
+    for (i, m) in members.iter().enumerate() {
+        let f = Family::of(m.ip());
+        if !families.contains(&f) {
+            let has: Vec<&str> = families.iter().map(|f| f.name()).collect();
+            return Err((
+                format!("pool.members[{i}].address"),
+                format!(
+                    "member {m} is {}, but NAT mode's listeners are {} (DNAT cannot translate between IPv4 and IPv6: a member must be of its listener's family; add a listener of that family or use --mode proxy)",
+                    f.name(),
+                    has.join(" and ")
+                ),
+            ));
+        }
+    }
+    if let plan::SourceNat::To(a) = source_nat {
+        if let Some(f) = families.iter().find(|f| **f != Family::of(*a)) {
+            return Err((
+                "nat.source-nat".into(),
+                format!(
+                    "{a} is {} and cannot be the source towards {} members (use \"masquerade\" with listeners of both families)",
+                    Family::of(*a).name(),
+                    f.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Why the listeners cannot be translated by the kernel, if they cannot: each must be one
+/// address and port (not a wildcard, not port 0).
+fn check_listeners(config: &Config) -> Result<(), String> {
     for l in &config.listeners {
-        match l.address {
-            SocketAddr::V4(a) if !a.ip().is_unspecified() && a.port() != 0 => {
-                listeners.push(NatListener {
-                    address: a,
-                    protocol: l.protocol,
-                })
-            }
-            other => {
-                return Err(format!(
-                    "listener {} {other}: NAT mode translates one IPv4 address and port (not 0.0.0.0, not port 0, not IPv6)",
-                    l.protocol.name()
-                ))
-            }
+        let a = l.address;
+        if a.ip().is_unspecified() || a.port() == 0 {
+            return Err(format!(
+                "listener {} {a}: NAT mode translates one address and port (not 0.0.0.0 or ::, not port 0)",
+                l.protocol.name()
+            ));
+        }
+    }
+    let listeners: Vec<SocketAddr> = config.listeners.iter().map(|l| l.address).collect();
+    let members: Vec<SocketAddr> = config.members.iter().map(|m| m.address).collect();
+    check_families(&listeners, &members, &config.nat.source_nat)
+        .map_err(|(field, msg)| format!("{field}: {msg}"))
+}
+
+/// Checks that NAT mode can run and prepares it: the listeners and members
+/// ([`check_families`]), root, the `nft`
+/// binary, a fresh table per family (cleaning up after a crash), and the conntrack event
+/// subscription. Blocking (runs `nft`). The error says why, for the start-up message.
+pub fn prepare(config: &Config) -> Result<Prepared, String> {
+    check_listeners(config)?;
+    let mut planes: Vec<Plane> = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        let listeners: Vec<NatListener> = config
+            .listeners
+            .iter()
+            .filter(|l| Family::of(l.address.ip()) == family)
+            .map(|l| NatListener {
+                address: l.address,
+                protocol: l.protocol,
+            })
+            .collect();
+        if !listeners.is_empty() {
+            planes.push(Plane {
+                settings: table_settings(config, family),
+                listeners,
+            });
         }
     }
     if !has_net_admin() {
         return Err("without CAP_NET_ADMIN (programming nftables and reading conntrack events need it: run as root or give the capability, e.g. AmbientCapabilities=CAP_NET_ADMIN in a systemd unit)".into());
     }
-    let settings = table_settings(config);
-    apply(&config.nat.nft, &plan::fresh_table(&settings))
-        .map_err(|e| format!("cannot program nftables table {}: {e}", settings.table))?;
+    let remove_all = |planes: &[Plane]| {
+        for p in planes {
+            let _ = apply(&config.nat.nft, &plan::remove_table(&p.settings));
+        }
+    };
+    for (i, p) in planes.iter().enumerate() {
+        if let Err(e) = apply(&config.nat.nft, &plan::fresh_table(&p.settings)) {
+            remove_all(&planes[..i]);
+            return Err(format!(
+                "cannot program nftables table {} {}: {e}",
+                p.settings.family.header(),
+                p.settings.table
+            ));
+        }
+    }
     let subscription = conntrack::Subscription::open(
         config.nat.event_buffer,
         Duration::from_millis(200),
         config.nat.events.updates(),
     )
     .map_err(|e| {
-        let _ = apply(&config.nat.nft, &plan::remove_table(&settings));
+        remove_all(&planes);
         format!("cannot subscribe to conntrack events over netlink: {e}")
     })?;
     if config.nat.conntrack_accounting {
@@ -141,15 +225,29 @@ pub fn prepare(config: &Config) -> Result<Prepared, String> {
             },
         }
     }
-    match std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward") {
-        Ok(v) if v.trim() == "1" => {}
-        _ => tracing::warn!(
-            "IPv4 forwarding is off (net.ipv4.ip_forward): translated packets will not be forwarded to the members"
-        ),
+    for p in &planes {
+        let (path, key) = match p.settings.family {
+            Family::V4 => ("/proc/sys/net/ipv4/ip_forward", "net.ipv4.ip_forward"),
+            Family::V6 => (
+                "/proc/sys/net/ipv6/conf/all/forwarding",
+                "net.ipv6.conf.all.forwarding",
+            ),
+        };
+        match std::fs::read_to_string(path) {
+            Ok(v) if v.trim() == "1" => {}
+            _ => tracing::warn!(
+                "{} forwarding is off ({key}): translated packets will not be forwarded to the members",
+                p.settings.family.name()
+            ),
+        }
     }
     Ok(Prepared {
-        settings,
-        listeners,
+        planes,
+        order: config
+            .listeners
+            .iter()
+            .map(|l| (l.protocol, l.address))
+            .collect(),
         subscription,
         nft: config.nat.nft.clone(),
     })
@@ -254,32 +352,38 @@ fn resync(
     }
 }
 
-fn member_views(snaps: Vec<MemberSnapshot>) -> Vec<MemberView> {
+/// The members of `family` (a member of the other family has no place in this table: DNAT
+/// cannot translate between families).
+fn member_views(snaps: Vec<MemberSnapshot>, family: Family) -> Vec<MemberView> {
     snaps
         .into_iter()
-        .filter_map(|m| match m.address {
-            SocketAddr::V4(a) => Some(MemberView {
-                id: m.id,
-                address: a,
-                weight: m.weight,
-                health: m.health,
-                eligible: m.eligible,
-                share: m.share,
-                sessions: m.sessions,
-                traffic: m.traffic,
-                cost: m.cost,
-            }),
-            SocketAddr::V6(_) => None,
+        .filter(|m| Family::of(m.address.ip()) == family)
+        .map(|m| MemberView {
+            id: m.id,
+            address: m.address,
+            weight: m.weight,
+            health: m.health,
+            eligible: m.eligible,
+            share: m.share,
+            sessions: m.sessions,
+            traffic: m.traffic,
+            cost: m.cost,
         })
         .collect()
 }
 
-/// The program for the core's state now.
-fn program(core: &Gateway, now: Time, listeners: &[NatListener], max_slots: u32) -> Program {
+/// The program of one family's table for the core's state now.
+fn program(
+    core: &Gateway,
+    now: Time,
+    listeners: &[NatListener],
+    max_slots: u32,
+    family: Family,
+) -> Program {
     Program::new(
         core.config().policy,
         listeners.to_vec(),
-        member_views(core.member_snapshots(now)),
+        member_views(core.member_snapshots(now), family),
         max_slots,
     )
 }
@@ -317,16 +421,20 @@ fn by_name(policy: crate::core::policy::LoadSharePolicy) -> &'static str {
 /// end.
 pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch::Receiver<bool>) {
     let Prepared {
-        settings,
-        listeners,
+        planes,
+        order: _,
         subscription,
         nft,
     } = prepared;
+    let tables: Vec<String> = planes
+        .iter()
+        .map(|p| format!("{} {}", p.settings.family.header(), p.settings.table))
+        .collect();
     let policy = shared.config.core.policy;
     let by = by_name(policy);
     let fid = plan::fidelity(policy);
     tracing::info!(
-        table = %settings.table,
+        tables = %tables.join(", "),
         policy = %policy,
         fidelity = ?fid,
         "NAT mode: the kernel translates packets; policy {} {}",
@@ -358,16 +466,19 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
 
     let mut stats = Stats::default();
     let mut tracked: HashMap<FlowKey, Tracked> = HashMap::new();
-    let mut last: Option<Program> = None;
+    // What was programmed last into each plane's table.
+    let mut last: Vec<Option<Program>> = vec![None; planes.len()];
+    let families: Vec<Family> = planes.iter().map(|p| p.settings.family).collect();
     let mut last_lost_log: Option<Instant> = None;
     // A dump of the conntrack table: at start (sessions bound before a restart) and after
     // lost events, at most once a second.
     let mut resync_due = true;
     let mut last_resync: Option<Instant> = None;
     let ours = |flow: &FlowKey| {
-        listeners.iter().any(|l| {
-            l.protocol == flow.protocol && SocketAddr::V4(l.address) == flow.virtual_address
-        })
+        planes
+            .iter()
+            .flat_map(|p| &p.listeners)
+            .any(|l| l.protocol == flow.protocol && l.address == flow.virtual_address)
     };
 
     let mut iv = tokio::time::interval(shared.config.nat.refresh);
@@ -386,7 +497,14 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                     resync_due = false;
                     last_resync = Some(Instant::now());
                     let started = shared.now();
-                    let table = tokio::task::spawn_blocking(|| conntrack::dump(Duration::from_secs(5)))
+                    let fams = families.clone();
+                    let table = tokio::task::spawn_blocking(move || {
+                        let mut all = Vec::new();
+                        for f in fams {
+                            all.extend(conntrack::dump(f, Duration::from_secs(5))?);
+                        }
+                        Ok(all)
+                    })
                         .await
                         .map_err(|e| std::io::Error::other(e.to_string()))
                         .and_then(|r| r);
@@ -400,28 +518,33 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                         Err(e) => tracing::warn!(error = %e, "dumping the conntrack table failed"),
                     }
                 }
-                let next = shared.with(|core, now| program(core, now, &listeners, settings.max_slots));
-                if last.as_ref().is_some_and(|p| same_rules(p, &next)) {
-                    continue;
-                }
-                let batch = plan::refresh(&settings, last.as_ref(), &next);
-                let nft2 = nft.clone();
-                let r = tokio::task::spawn_blocking(move || apply(&nft2, &batch))
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string()));
-                match r {
-                    Ok(()) => {
-                        stats.map_updates += 1;
-                        tracing::debug!(slots = next.map.slots.len(), "weight map programmed");
-                        last = Some(next);
+                for (plane, last) in planes.iter().zip(last.iter_mut()) {
+                    let settings = &plane.settings;
+                    let next = shared.with(|core, now| {
+                        program(core, now, &plane.listeners, settings.max_slots, settings.family)
+                    });
+                    if last.as_ref().is_some_and(|p| same_rules(p, &next)) {
+                        continue;
                     }
-                    Err(e) => {
-                        stats.map_failures += 1;
-                        tracing::error!(error = %e, "programming the weight map failed; starting again from an empty table");
-                        let s2 = settings.clone();
-                        let nft2 = nft.clone();
-                        let _ = tokio::task::spawn_blocking(move || apply(&nft2, &plan::fresh_table(&s2))).await;
-                        last = None;
+                    let batch = plan::refresh(settings, last.as_ref(), &next);
+                    let nft2 = nft.clone();
+                    let r = tokio::task::spawn_blocking(move || apply(&nft2, &batch))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string()));
+                    match r {
+                        Ok(()) => {
+                            stats.map_updates += 1;
+                            tracing::debug!(family = settings.family.name(), slots = next.map.slots.len(), "weight map programmed");
+                            *last = Some(next);
+                        }
+                        Err(e) => {
+                            stats.map_failures += 1;
+                            tracing::error!(error = %e, family = settings.family.name(), "programming the weight map failed; starting again from an empty table");
+                            let s2 = settings.clone();
+                            let nft2 = nft.clone();
+                            let _ = tokio::task::spawn_blocking(move || apply(&nft2, &plan::fresh_table(&s2))).await;
+                            *last = None;
+                        }
                     }
                 }
             }
@@ -496,17 +619,19 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
             _ = stop.changed() => break,
         }
     }
-    let removed = {
-        let s2 = settings.clone();
-        let nft2 = nft.clone();
-        tokio::task::spawn_blocking(move || apply(&nft2, &plan::remove_table(&s2))).await
-    };
-    match removed {
-        Ok(Ok(())) => {
-            tracing::info!(table = %settings.table, "nftables table removed; sessions already bound continue in the kernel")
-        }
-        other => {
-            tracing::error!(table = %settings.table, result = ?other, "removing the nftables table failed")
+    for (plane, name) in planes.iter().zip(&tables) {
+        let removed = {
+            let s2 = plane.settings.clone();
+            let nft2 = nft.clone();
+            tokio::task::spawn_blocking(move || apply(&nft2, &plan::remove_table(&s2))).await
+        };
+        match removed {
+            Ok(Ok(())) => {
+                tracing::info!(table = %name, "nftables table removed; sessions already bound continue in the kernel")
+            }
+            other => {
+                tracing::error!(table = %name, result = ?other, "removing the nftables table failed")
+            }
         }
     }
     tracing::info!(?stats, "NAT data plane stopped");
@@ -971,13 +1096,100 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_sessions_get_receipts_and_each_table_gets_its_familys_members() {
+        let cfg = core_config(CoreConfig::default());
+        let mut core = Gateway::new(cfg, Box::new(rand::rngs::StdRng::seed_from_u64(1)));
+        core.set_members(
+            Duration::ZERO,
+            vec![
+                MemberSpec::new("10.0.2.2:7000".parse().unwrap()),
+                MemberSpec::new("[fd00:231:2::2]:7000".parse().unwrap()),
+                MemberSpec::new("[fd00:231:2::3]:7000".parse().unwrap()),
+            ],
+        );
+        let l6 = vec![NatListener {
+            address: "[fd00:231:1::2]:8080".parse().unwrap(),
+            protocol: Protocol::Tcp,
+        }];
+        let p6 = program(&core, Duration::ZERO, &l6, 256, Family::V6);
+        let addrs: Vec<String> = p6.members.iter().map(|m| m.address.to_string()).collect();
+        assert_eq!(addrs, ["[fd00:231:2::2]:7000", "[fd00:231:2::3]:7000"]);
+        assert_eq!(p6.map.slots.len(), 2);
+        let p4 = program(&core, Duration::ZERO, &[], 256, Family::V4);
+        assert_eq!(p4.members.len(), 1);
+        // An IPv6 session from NEW to DESTROY.
+        let vip: SocketAddr = "[fd00:231:1::2]:8080".parse().unwrap();
+        let ours = |f: &FlowKey| f.virtual_address == vip;
+        let mut tracked = HashMap::new();
+        let mut stats = Stats::default();
+        let mut e = ev(CtKind::New, 40000, "[fd00:231:2::3]:7000");
+        e.client = "[fd00:231:1::1]:40000".parse().unwrap();
+        e.virtual_address = vip;
+        let by = "kernel-map:round-robin";
+        handle(
+            &mut core,
+            Duration::from_millis(5),
+            e.clone(),
+            by,
+            &ours,
+            &mut tracked,
+            &mut stats,
+        );
+        let mut u = e.clone();
+        u.kind = CtKind::Update;
+        u.seen_reply = true;
+        u.assured = true;
+        handle(
+            &mut core,
+            Duration::from_millis(6),
+            u,
+            by,
+            &ours,
+            &mut tracked,
+            &mut stats,
+        );
+        let mut d = e.clone();
+        d.kind = CtKind::Destroy;
+        d.tcp_state = Some(tcp_state::TIME_WAIT);
+        handle(
+            &mut core,
+            Duration::from_millis(900),
+            d,
+            by,
+            &ours,
+            &mut tracked,
+            &mut stats,
+        );
+        let r = core.recent_outcomes().last().unwrap().clone();
+        assert_eq!(
+            r.bound.as_ref().unwrap().address,
+            "[fd00:231:2::3]:7000".parse().unwrap()
+        );
+        assert_eq!(r.reached_ms, Some(6));
+        assert_eq!(r.outcome, Some(Outcome::Closed));
+        // The same flow to an IPv4 virtual address of the same port is not this listener's.
+        let mut other = e;
+        other.virtual_address = "10.0.1.2:8080".parse().unwrap();
+        handle(
+            &mut core,
+            Duration::from_millis(950),
+            other,
+            by,
+            &ours,
+            &mut tracked,
+            &mut stats,
+        );
+        assert_eq!(core.active_sessions(), 0);
+    }
+
+    #[test]
     fn the_program_follows_the_core_dead_members_leave_the_map() {
         let mut h = Harness::new();
         let l = vec![NatListener {
             address: "10.0.1.2:8080".parse().unwrap(),
             protocol: Protocol::Tcp,
         }];
-        let p = program(&h.core, Duration::ZERO, &l, 256);
+        let p = program(&h.core, Duration::ZERO, &l, 256, Family::V4);
         assert_eq!(p.map.slots.len(), 2);
         assert_eq!(p.map.fidelity, plan::Fidelity::Exact);
         let m = h.core.member_id("10.0.2.3:7000").unwrap();
@@ -988,7 +1200,7 @@ mod tests {
                 Err("connection refused".to_string()),
             );
         }
-        let p2 = program(&h.core, Duration::from_millis(10), &l, 256);
+        let p2 = program(&h.core, Duration::from_millis(10), &l, 256, Family::V4);
         assert_eq!(
             p2.map.slots,
             vec![h.core.member_id("10.0.2.2:7000").unwrap()]

@@ -4,7 +4,9 @@
 //! Nothing here runs `nft` or reads the kernel, so every rule the gateway would program is
 //! testable without root.
 //!
-//! The table (one per gateway, `nat.table`):
+//! The tables: one per address family the listeners use, both named `nat.table` (family `ip`
+//! for IPv4 listeners, family `ip6` for IPv6 ones, where `ip` below reads `ip6`). DNAT cannot
+//! translate between families, so a table's members are of its family. Each table:
 //!
 //! ```text
 //! chain prerouting  (nat, dstnat):  ip daddr VIP <proto> dport PORT goto lb_L
@@ -29,7 +31,7 @@ use nftables::stmt::{self, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 /// How NAT mode rewrites the client side (one-armed setups, where replies would not pass the
@@ -40,20 +42,74 @@ pub enum SourceNat {
     Off,
     /// Masquerade: the source becomes the gateway's address on the way to the member.
     Masquerade,
-    /// Source NAT to this address.
-    To(Ipv4Addr),
+    /// Source NAT to this address (of the listeners' family).
+    To(IpAddr),
+}
+
+/// The address family of a table, its listeners and its members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// IPv4: an nftables table of family `ip`.
+    V4,
+    /// IPv6: an nftables table of family `ip6`.
+    V6,
+}
+
+impl Family {
+    /// The family of an address.
+    pub fn of(a: IpAddr) -> Family {
+        match a {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    /// The nftables family of the table.
+    pub fn nf(self) -> NfFamily {
+        match self {
+            Family::V4 => NfFamily::IP,
+            Family::V6 => NfFamily::IP6,
+        }
+    }
+
+    /// The network header's name in nftables expressions (`ip saddr`, `ip6 saddr`).
+    pub fn header(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+
+    /// The longest prefix.
+    pub fn bits(self) -> u8 {
+        match self {
+            Family::V4 => 32,
+            Family::V6 => 128,
+        }
+    }
+
+    /// How the configuration and logs name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
 }
 
 /// Settings of the programmed table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableSettings {
-    /// The table's name (family ip).
+    /// The table's name.
     pub table: String,
+    /// The table's family (`ip` or `ip6`); its listeners and members are of this family.
+    pub family: Family,
     /// Source translation.
     pub source_nat: SourceNat,
     /// Most slots in a weight map; weights are scaled down to fit.
     pub max_slots: u32,
-    /// Persistence: client netmask (IPv4 prefix length) and timeout; None when off.
+    /// Persistence: client netmask (prefix length in the table's family) and timeout; None
+    /// when off.
     pub persistence: Option<(u8, Duration)>,
     /// Most entries per member's persistence set.
     pub persistence_max: u32,
@@ -107,7 +163,7 @@ impl NatEvents {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NatListener {
     /// The virtual address and port.
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     /// TCP or UDP.
     pub protocol: Protocol,
 }
@@ -118,7 +174,7 @@ pub struct MemberView {
     /// The core's number for it.
     pub id: MemberId,
     /// Where sessions go.
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     /// Configured weight (0: draining).
     pub weight: u32,
     /// Liveness state.
@@ -342,15 +398,20 @@ fn string(s: String) -> Expression<'static> {
     Expression::String(Cow::Owned(s))
 }
 
-fn client_net(mask: u8) -> Expression<'static> {
-    let m = if mask == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(mask.min(32)))
+/// The client's network: its source address masked to `mask` bits.
+fn client_net(family: Family, mask: u8) -> Expression<'static> {
+    let mask = mask.min(family.bits());
+    let m = match family {
+        Family::V4 => {
+            Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(mask)).unwrap_or(0)).to_string()
+        }
+        Family::V6 => {
+            Ipv6Addr::from(u128::MAX.checked_shl(128 - u32::from(mask)).unwrap_or(0)).to_string()
+        }
     };
     Expression::BinaryOperation(Box::new(expr::BinaryOperation::AND(
-        payload("ip", "saddr"),
-        string(Ipv4Addr::from(m).to_string()),
+        payload(family.header(), "saddr"),
+        string(m),
     )))
 }
 
@@ -403,7 +464,7 @@ impl Program {
 
 fn table(s: &TableSettings) -> schema::Table<'static> {
     schema::Table {
-        family: NfFamily::IP,
+        family: s.family.nf(),
         name: Cow::Owned(s.table.clone()),
         handle: None,
     }
@@ -411,7 +472,7 @@ fn table(s: &TableSettings) -> schema::Table<'static> {
 
 fn chain(s: &TableSettings, name: String) -> schema::Chain<'static> {
     schema::Chain {
-        family: NfFamily::IP,
+        family: s.family.nf(),
         table: Cow::Owned(s.table.clone()),
         name: Cow::Owned(name),
         ..Default::default()
@@ -425,7 +486,7 @@ fn base_chain(
     prio: i32,
 ) -> schema::Chain<'static> {
     schema::Chain {
-        family: NfFamily::IP,
+        family: s.family.nf(),
         table: Cow::Owned(s.table.clone()),
         name: Cow::Borrowed(name),
         _type: Some(NfChainType::NAT),
@@ -441,10 +502,13 @@ fn set(s: &TableSettings, m: MemberId) -> schema::Set<'static> {
         .persistence
         .map(|(_, t)| t.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
     schema::Set {
-        family: NfFamily::IP,
+        family: s.family.nf(),
         table: Cow::Owned(s.table.clone()),
         name: Cow::Owned(persist_set(m)),
-        set_type: schema::SetTypeValue::Single(SetType::Ipv4Addr),
+        set_type: schema::SetTypeValue::Single(match s.family {
+            Family::V4 => SetType::Ipv4Addr,
+            Family::V6 => SetType::Ipv6Addr,
+        }),
         // nft marks a set that rules update from the packet path "dynamic" itself.
         flags: Some(HashSet::from([SetFlag::Timeout])),
         timeout,
@@ -455,7 +519,7 @@ fn set(s: &TableSettings, m: MemberId) -> schema::Set<'static> {
 
 fn rule(s: &TableSettings, chain: String, expr: Vec<Statement<'static>>) -> schema::Rule<'static> {
     schema::Rule {
-        family: NfFamily::IP,
+        family: s.family.nf(),
         table: Cow::Owned(s.table.clone()),
         chain: Cow::Owned(chain),
         expr: Cow::Owned(expr),
@@ -584,8 +648,9 @@ pub fn rules(s: &TableSettings, p: &Program) -> Vec<schema::Rule<'static>> {
     let mut out = Vec::new();
     for (l, li) in p.listeners.iter().enumerate() {
         let proto = proto_name(li.protocol);
+        let ip = s.family.header();
         let mut e = vec![
-            eq(payload("ip", "daddr"), string(li.address.ip().to_string())),
+            eq(payload(ip, "daddr"), string(li.address.ip().to_string())),
             eq(
                 payload(proto, "dport"),
                 Expression::Number(u32::from(li.address.port())),
@@ -610,7 +675,10 @@ pub fn rules(s: &TableSettings, p: &Program) -> Vec<schema::Rule<'static>> {
                     s,
                     lb_chain(l),
                     vec![
-                        eq(client_net(mask), string(format!("@{}", persist_set(m.id)))),
+                        eq(
+                            client_net(s.family, mask),
+                            string(format!("@{}", persist_set(m.id))),
+                        ),
                         goto(member_chain(l, m.id)),
                     ],
                 ));
@@ -650,7 +718,7 @@ pub fn rules(s: &TableSettings, p: &Program) -> Vec<schema::Rule<'static>> {
             if let Some((mask, _)) = s.persistence {
                 e.push(Statement::Set(stmt::Set {
                     op: stmt::SetOp::Update,
-                    elem: client_net(mask),
+                    elem: client_net(s.family, mask),
                     set: Cow::Owned(format!("@{}", persist_set(m.id))),
                 }));
             }
@@ -676,7 +744,13 @@ pub fn rules(s: &TableSettings, p: &Program) -> Vec<schema::Rule<'static>> {
                     op: stmt::Operator::IN,
                 }),
                 eq(
-                    ct("ip daddr", Some(expr::CTDir::Original)),
+                    ct(
+                        match s.family {
+                            Family::V4 => "ip daddr",
+                            Family::V6 => "ip6 daddr",
+                        },
+                        Some(expr::CTDir::Original),
+                    ),
                     string(li.address.ip().to_string()),
                 ),
                 eq(
@@ -711,7 +785,7 @@ mod tests {
     fn m(id: u32, last: u8, weight: u32) -> MemberView {
         MemberView {
             id: MemberId(id),
-            address: SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, last), 7000),
+            address: SocketAddr::from((Ipv4Addr::new(10, 0, 2, last), 7000)),
             weight,
             health: Health::Alive,
             eligible: weight > 0,
@@ -729,6 +803,7 @@ mod tests {
     fn settings() -> TableSettings {
         TableSettings {
             table: "t_test".into(),
+            family: Family::V4,
             source_nat: SourceNat::Off,
             max_slots: 256,
             persistence: None,
@@ -933,7 +1008,7 @@ mod tests {
         // The member chain remembers the client network.
         assert!(s.contains(r#"{"set":{"op":"update","elem":{"&":[{"payload":{"protocol":"ip","field":"saddr"}},"255.255.255.0"]},"set":"@persist_m0"}}"#), "{s}");
         assert!(s.contains(r#"{"masquerade":null}"#), "{s}");
-        st.source_nat = SourceNat::To(Ipv4Addr::new(10, 0, 2, 1));
+        st.source_nat = SourceNat::To(Ipv4Addr::new(10, 0, 2, 1).into());
         let s = serde_json::to_string(&rules(&st, &p)).unwrap();
         assert!(s.contains(r#"{"snat":{"addr":"10.0.2.1"}}"#), "{s}");
     }
@@ -979,5 +1054,75 @@ mod tests {
         assert!(last_rule < first_delete);
         // Nothing outside the gateway's table.
         assert!(!v.to_string().contains(r#""table":"filter""#));
+    }
+
+    #[test]
+    fn an_ipv6_table_translates_to_ipv6_members_with_prefix_persistence() {
+        let mut st = settings();
+        st.family = Family::V6;
+        st.persistence = Some((64, Duration::from_secs(300)));
+        st.source_nat = SourceNat::Masquerade;
+        let member = |id: u32, a: &str| MemberView {
+            address: a.parse().unwrap(),
+            ..m(id, 2, 1)
+        };
+        let l = NatListener {
+            address: "[fd00:231:1::2]:8080".parse().unwrap(),
+            protocol: Protocol::Tcp,
+        };
+        let p = Program::new(
+            LoadSharePolicy::RoundRobin,
+            vec![l],
+            vec![
+                member(0, "[fd00:231:2::2]:7000"),
+                member(1, "[fd00:231:2::3]:7001"),
+            ],
+            256,
+        );
+        let s = serde_json::to_string(&rules(&st, &p)).unwrap();
+        assert!(s.contains(r#"{"match":{"left":{"payload":{"protocol":"ip6","field":"daddr"}},"right":"fd00:231:1::2","op":"=="}}"#), "{s}");
+        assert!(
+            s.contains(r#"{"dnat":{"addr":"fd00:231:2::2","port":7000}}"#),
+            "{s}"
+        );
+        assert!(
+            s.contains(r#"{"dnat":{"addr":"fd00:231:2::3","port":7001}}"#),
+            "{s}"
+        );
+        // Clients are grouped by their /64.
+        assert!(
+            s.contains(
+                r#"{"&":[{"payload":{"protocol":"ip6","field":"saddr"}},"ffff:ffff:ffff:ffff::"]}"#
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains(r#"{"ct":{"key":"ip6 daddr","dir":"original"}}"#),
+            "{s}"
+        );
+        assert!(!s.contains(r#""protocol":"ip","#), "{s}");
+        // The table, chains, sets and rules are all of family ip6.
+        let v = json(&refresh(&st, None, &p));
+        for c in cmds(&v) {
+            let (_, obj) = c.as_object().unwrap().iter().next().unwrap();
+            let (_, inner) = obj.as_object().unwrap().iter().next().unwrap();
+            assert_eq!(inner["family"], "ip6", "{c}");
+        }
+        assert!(v.to_string().contains(r#""type":"ipv6_addr""#), "{v}");
+        let v = json(&fresh_table(&st));
+        assert!(cmds(&v)
+            .iter()
+            .all(|c| c.to_string().contains(r#""family":"ip6""#)));
+        // Prefix lengths beyond the family's are the whole address; zero is every client.
+        assert_eq!(
+            serde_json::to_string(&client_net(Family::V6, 200)).unwrap(),
+            r#"{"&":[{"payload":{"protocol":"ip6","field":"saddr"}},"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"]}"#
+        );
+        assert!(serde_json::to_string(&client_net(Family::V6, 0))
+            .unwrap()
+            .contains(r#""::""#));
+        assert!(serde_json::to_string(&client_net(Family::V4, 0))
+            .unwrap()
+            .contains(r#""0.0.0.0""#));
     }
 }
