@@ -99,8 +99,13 @@ say "step 5 ok: report flood ($out): $(metric rserpool_registrar_unreachable_rep
 
 kill -STOP $PEA
 t_claim=$(date +%s.%N)
+# PE C re-registers only every 60 s, so no re-registration falls inside step 7's flood: in the VM
+# under host load the flood can hold a re-registration's answer in the registrar's one SCTP receive
+# queue past RSPLIB's request timeout, and the PE then drops its association and registers again
+# (the shared receive queue is a known limit, docs/security.md). Step 7 is about a user's
+# resolutions during the flood.
 stdbuf -oL rspserver -echo -poolhandle=EchoPool -registrar=$REGISTRAR -asapannounce=off \
-    -identifier=$PE_ID -rereginterval=5000 "${RSPLIB_LOG[@]}" > "$W/pe-c.log" 2>&1 &
+    -identifier=$PE_ID -rereginterval=60000 "${RSPLIB_LOG[@]}" > "$W/pe-c.log" 2>&1 &
 PEC=$!; pids+=($PEC)
 wait_for 120 "the claim of the restarted PE" metric_is rserpool_registrar_claims_granted_total 1
 granted_after=$(elapsed_since "$t_claim")
