@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::process::{start_pe, word_after, Proc};
+use common::process::{endpoint_of, start_gateway, start_pe, start_pu};
 use common::{metrics, start};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -74,43 +74,9 @@ fn every_query_of_the_dashboard_names_served_metrics_and_labels() {
     // What the daemons serve.
     let registrar = start(0x6001, None);
     let (pe, _) = start_pe(&registrar.asap.to_string(), &["--service", "pingpong"]);
-    let pe_metrics = word_after(&pe.wait_for("metrics at http://"), "metrics at http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    let pu = Proc::start(
-        &[
-            "pu",
-            "--registrar",
-            &registrar.asap.to_string(),
-            "--transport",
-            "tcp",
-            "--service",
-            "pingpong",
-            "--quiet",
-            "true",
-            "--metrics",
-            "127.0.0.1:0",
-        ],
-        None,
-    );
-    let pu_metrics = word_after(&pu.wait_for("metrics at http://"), "metrics at http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("lsnat.toml");
-    std::fs::write(
-        &config,
-        "metrics = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
-         [pool]\npolicy = \"round-robin\"\nmembers = [ { address = \"127.0.0.1:9\", weight = 1 } ]\n",
-    )
-    .unwrap();
-    let gateway = Proc::start(&["lsnat", "-c", config.to_str().unwrap()], None);
-    let gateway_metrics = word_after(
-        &gateway.wait_for("metrics at http://"),
-        "metrics at http://",
-    )
-    .trim_end_matches("/metrics")
-    .to_string();
+    let pe_metrics = endpoint_of(&pe);
+    let (_pu, pu_metrics) = start_pu(&registrar.asap.to_string(), &[]);
+    let (gateway, gateway_metrics, _dir) = start_gateway();
     let mut nat = String::new();
     rserpool_lsnat::nat::Stats::default().render_prometheus(&mut nat);
     let mut served = families(&metrics(&registrar));

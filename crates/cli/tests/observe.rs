@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::process::{start_pe, word_after, Proc};
+use common::process::{endpoint_of, start_gateway, start_pe, start_pu, Proc};
 use common::{start, wait_for};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -109,45 +109,9 @@ fn start_all(id: u32) -> All {
     let peer = start(id + 1, Some(registrar.enrp));
     let asap = registrar.asap.to_string();
     let (pe, pe_id) = start_pe(&asap, &["--service", "pingpong"]);
-    let pe_addr = word_after(&pe.wait_for("metrics at http://"), "metrics at http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    let pu = Proc::start(
-        &[
-            "pu",
-            "--registrar",
-            &asap,
-            "--transport",
-            "tcp",
-            "--service",
-            "pingpong",
-            "--interval",
-            "100ms",
-            "--quiet",
-            "true",
-            "--metrics",
-            "127.0.0.1:0",
-        ],
-        None,
-    );
-    let pu_addr = word_after(&pu.wait_for("metrics at http://"), "metrics at http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("lsnat.toml");
-    std::fs::write(
-        &config,
-        "metrics = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
-         [pool]\npolicy = \"round-robin\"\nmembers = [ { address = \"127.0.0.1:9\", weight = 1 } ]\n",
-    )
-    .unwrap();
-    let gateway = Proc::start(&["lsnat", "-c", config.to_str().unwrap()], None);
-    let gw_addr = word_after(
-        &gateway.wait_for("metrics at http://"),
-        "metrics at http://",
-    )
-    .trim_end_matches("/metrics")
-    .to_string();
+    let pe_addr = endpoint_of(&pe);
+    let (pu, pu_addr) = start_pu(&asap, &["--interval", "100ms"]);
+    let (gateway, gw_addr, dir) = start_gateway();
     // The registrars are peers before anything is read.
     let m = registrar.metrics.to_string();
     wait_for("the ENRP peer", Duration::from_secs(60), || {

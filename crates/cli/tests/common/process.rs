@@ -168,3 +168,49 @@ pub fn start_pe(registrar: &str, extra: &[&str]) -> (Proc, String) {
     let id = word_after(&text, "PE ");
     (p, id)
 }
+
+/// The `ADDR:PORT` of the HTTP endpoint a daemon announced ("metrics at http://ADDR:PORT/metrics").
+pub fn endpoint_of(p: &Proc) -> String {
+    word_after(&p.wait_for("metrics at http://"), "metrics at http://")
+        .trim_end_matches("/metrics")
+        .to_string()
+}
+
+/// `rserpool pu --service pingpong` over the TCP mapping with its HTTP endpoint on a free port,
+/// quiet; `extra` arguments are appended. The process and its endpoint.
+pub fn start_pu(registrar: &str, extra: &[&str]) -> (Proc, String) {
+    let mut args = vec![
+        "pu",
+        "--registrar",
+        registrar,
+        "--transport",
+        "tcp",
+        "--service",
+        "pingpong",
+        "--quiet",
+        "true",
+        "--metrics",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let p = Proc::start(&args, None);
+    let endpoint = endpoint_of(&p);
+    (p, endpoint)
+}
+
+/// `rserpool lsnat` on 127.0.0.1 with one static member nobody listens on (port 9) and its HTTP
+/// endpoint on a free port: the process, its endpoint, and the directory of its configuration
+/// (keep it as long as the process).
+pub fn start_gateway() -> (Proc, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lsnat.toml");
+    std::fs::write(
+        &config,
+        "metrics = \"127.0.0.1:0\"\n[[listener]]\naddress = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+         [pool]\npolicy = \"round-robin\"\nmembers = [ { address = \"127.0.0.1:9\", weight = 1 } ]\n",
+    )
+    .unwrap();
+    let p = Proc::start(&["lsnat", "-c", config.to_str().unwrap()], None);
+    let endpoint = endpoint_of(&p);
+    (p, endpoint, dir)
+}
