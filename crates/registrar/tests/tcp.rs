@@ -1,182 +1,64 @@
 //! The registrar over real sockets on loopback (the TCP mapping and plain TCP), driven by test
 //! clients built on rserpool-wire and by the PE and PU drivers of rserpool-endpoint.
 
-use rserpool_endpoint::driver::{PoolElementHandle, PoolUserClient, RegistrarAccess};
-use rserpool_endpoint::pe::PoolElementConfig;
+use rserpool_endpoint::driver::PoolUserClient;
 use rserpool_endpoint::pu::{ResolveError, ResolverConfig};
-use rserpool_registrar::driver::{run, DriverConfig, Running};
-use rserpool_registrar::{AddressScope, Profile, RateLimit, RegistrarConfig, RemovalCause};
-use rserpool_transport::{AssociationId, Endpoint, EndpointConfig, Event, TransportChoice};
-use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_registrar::{RateLimit, RemovalCause};
+use rserpool_testkit::{
+    deregistration, handle_resolution, http, pe_config, registered_pe, registration, tcp_pe, until,
+    wait_for, AsapClient, TestRegistrar, LOCALHOST, WAIT,
+};
+use rserpool_wire::asap::AsapMessage;
 use rserpool_wire::{
     CauseCode, Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId,
-    RegistrationLife, TransportAddress, UserTransport,
 };
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 
 const LOCAL: &str = "127.0.0.1";
 
-async fn start_registrar(tweak: impl FnOnce(&mut DriverConfig)) -> (Running, oneshot::Sender<()>) {
-    let mut core = RegistrarConfig::new(Profile::Rsplib);
-    core.registrar_id = RegistrarId(0xabc);
-    core.min_address_scope = AddressScope::Loopback;
-    core.announce = None;
-    core.seed = Some(3);
-    let mut config = DriverConfig::new(core);
-    config.transport = TransportChoice::Tcp;
-    config.asap_listen = vec![format!("{LOCAL}:0").parse().unwrap()];
-    config.metrics_listen = Some(format!("{LOCAL}:0").parse().unwrap());
-    tweak(&mut config);
-    let (started_tx, started_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        run(config, started_tx, async {
-            let _ = stop_rx.await;
-        })
-        .await
-        .expect("registrar runs");
-    });
-    (started_rx.await.expect("registrar starts"), stop_tx)
-}
-
-/// A raw ASAP client over the TCP mapping.
-struct Client {
-    endpoint: Endpoint,
-    assoc: AssociationId,
-    codec: Codec,
-}
-
-impl Client {
-    async fn connect(registrar: SocketAddr) -> Client {
-        let mut endpoint = Endpoint::bind(EndpointConfig::new(TransportChoice::Tcp))
-            .await
-            .unwrap();
-        let assoc = endpoint.handle().connect(&[registrar]).await.unwrap();
-        loop {
-            match endpoint.next_event().await.unwrap() {
-                Event::AssociationUp { id, .. } if id == assoc => break,
-                Event::AssociationDown { reason, .. } => panic!("connect failed: {reason}"),
-                _ => {}
-            }
-        }
-        Client {
-            endpoint,
-            assoc,
-            codec: Codec::default(),
-        }
-    }
-
-    async fn send(&self, m: &AsapMessage) {
-        self.raw(self.codec.encode(m).unwrap()).await;
-    }
-
-    async fn raw(&self, b: Vec<u8>) {
-        self.endpoint
-            .handle()
-            .send(self.assoc, 11, 0, b)
-            .await
-            .unwrap();
-    }
-
-    async fn recv(&mut self, within: Duration) -> Option<AsapMessage> {
-        let until = tokio::time::Instant::now() + within;
-        loop {
-            match tokio::time::timeout_at(until, self.endpoint.next_event()).await {
-                Ok(Some(Event::Message { data, .. })) => {
-                    return Some(self.codec.decode::<AsapMessage>(&data).unwrap().message)
-                }
-                Ok(Some(Event::AssociationDown { .. })) | Ok(None) | Err(_) => return None,
-                Ok(Some(_)) => {}
-            }
-        }
-    }
-
-    /// The next message that is not a keep-alive.
-    async fn answer(&mut self) -> AsapMessage {
-        loop {
-            match self.recv(Duration::from_secs(5)).await.expect("an answer") {
-                AsapMessage::EndpointKeepAlive(_) => continue,
-                m => return m,
-            }
-        }
-    }
-}
-
+/// A PE of this host with TCP user transport on port 7000.
 fn pe(id: u32) -> PoolElement {
-    PoolElement {
-        id: PoolElementId(id),
-        home_registrar: RegistrarId(0),
-        registration_life: RegistrationLife::Finite(Duration::from_secs(90)),
-        user_transport: UserTransport::Address(TransportAddress::tcp(7000, LOCAL.parse().unwrap())),
-        policy: PoolPolicy::RoundRobin,
-        asap_transport: None,
-    }
-}
-
-fn registration(pool: &str, pe: PoolElement) -> AsapMessage {
-    AsapMessage::Registration(asap::Registration {
-        pool_handle: PoolHandle::from(pool),
-        pool_element: pe,
-    })
-}
-
-fn resolution(pool: &str) -> AsapMessage {
-    AsapMessage::HandleResolution(asap::HandleResolution {
-        subscribe: false,
-        pool_handle: PoolHandle::from(pool),
-        option: None,
-    })
-}
-
-async fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
-    let until = tokio::time::Instant::now() + within;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tcp_pe(id, LOCALHOST, 7000)
 }
 
 #[tokio::test]
 async fn register_resolve_deregister_over_the_tcp_mapping() {
-    let (r, _stop) = start_registrar(|_| {}).await;
-    let mut pe_client = Client::connect(r.asap_addrs[0]).await;
-    pe_client.send(&registration("EchoPool", pe(1))).await;
-    let m = pe_client.answer().await;
+    let r = TestRegistrar::start(|_| {}).await;
+    let mut pe_client = AsapClient::connect(r.asap_addr()).await.unwrap();
+    pe_client
+        .send(&registration("EchoPool", pe(1)))
+        .await
+        .unwrap();
+    let m = pe_client.answer(WAIT).await.unwrap();
     assert!(
         matches!(&m, AsapMessage::RegistrationResponse(x) if !x.reject),
         "{m:?}"
     );
 
-    let mut pu = Client::connect(r.asap_addrs[0]).await;
-    pu.send(&resolution("EchoPool")).await;
-    let AsapMessage::HandleResolutionResponse(h) = pu.answer().await else {
+    let mut pu = AsapClient::connect(r.asap_addr()).await.unwrap();
+    pu.send(&handle_resolution("EchoPool", None)).await.unwrap();
+    let AsapMessage::HandleResolutionResponse(h) = pu.answer(WAIT).await.unwrap() else {
         panic!()
     };
     assert_eq!(h.pool_elements.len(), 1);
     assert_eq!(h.pool_elements[0].home_registrar, RegistrarId(0xabc));
 
     pe_client
-        .send(&AsapMessage::Deregistration(asap::Deregistration {
-            pool_handle: PoolHandle::from("EchoPool"),
-            pe_id: PoolElementId(1),
-        }))
-        .await;
+        .send(&deregistration("EchoPool", 1))
+        .await
+        .unwrap();
     assert!(matches!(
-        pe_client.answer().await,
+        pe_client.answer(WAIT).await.unwrap(),
         AsapMessage::DeregistrationResponse(_)
     ));
-    pu.send(&resolution("EchoPool")).await;
-    let AsapMessage::HandleResolutionResponse(h) = pu.answer().await else {
+    pu.send(&handle_resolution("EchoPool", None)).await.unwrap();
+    let AsapMessage::HandleResolutionResponse(h) = pu.answer(WAIT).await.unwrap() else {
         panic!()
     };
     assert_eq!(h.error.unwrap().code(), Some(CauseCode::UnknownPoolHandle));
-    let m = r.metrics.lock().unwrap().clone();
+    let m = r.metrics();
     assert_eq!(
         (m.registrations, m.deregistrations, m.resolutions),
         (1, 1, 1)
@@ -184,19 +66,29 @@ async fn register_resolve_deregister_over_the_tcp_mapping() {
 }
 
 /// Sends `n` handle resolutions at once and counts the answers that arrive.
-async fn burst_of_resolutions(r: &Running, n: usize) -> usize {
-    let mut pe_client = Client::connect(r.asap_addrs[0]).await;
-    pe_client.send(&registration("BurstPool", pe(1))).await;
+async fn burst_of_resolutions(r: &TestRegistrar, n: usize) -> usize {
+    let mut pe_client = AsapClient::connect(r.asap_addr()).await.unwrap();
+    pe_client
+        .send(&registration("BurstPool", pe(1)))
+        .await
+        .unwrap();
     assert!(matches!(
-        pe_client.answer().await,
+        pe_client.answer(WAIT).await.unwrap(),
         AsapMessage::RegistrationResponse(_)
     ));
-    let mut pu = Client::connect(r.asap_addrs[0]).await;
+    let mut pu = AsapClient::connect(r.asap_addr()).await.unwrap();
     for _ in 0..n {
-        pu.send(&resolution("BurstPool")).await;
+        pu.send(&handle_resolution("BurstPool", None))
+            .await
+            .unwrap();
     }
     let mut answers = 0;
-    while let Some(m) = pu.recv(Duration::from_secs(2)).await {
+    loop {
+        let m = match pu.recv(Duration::from_secs(2)).await {
+            Ok(m) => m,
+            Err(e) if e.is_quiet() => break,
+            Err(e) => panic!("{e}"),
+        };
         assert!(
             matches!(&m, AsapMessage::HandleResolutionResponse(h) if h.pool_elements.len() == 1),
             "{m:?}"
@@ -209,9 +101,9 @@ async fn burst_of_resolutions(r: &Running, n: usize) -> usize {
 #[tokio::test]
 async fn answers_wait_for_room_in_the_transport_instead_of_being_dropped() {
     // A send queue of one message: a burst of answers finds it full at once.
-    let (r, _stop) = start_registrar(|c| c.endpoint.limits.send_queue = 1).await;
+    let r = TestRegistrar::start(|c| c.endpoint.limits.send_queue = 1).await;
     assert_eq!(burst_of_resolutions(&r, 200).await, 200);
-    let m = r.metrics.lock().unwrap().clone();
+    let m = r.metrics();
     assert_eq!(
         (m.resolutions, m.held_answers, m.dropped_answers),
         (200, 0, 0)
@@ -220,13 +112,13 @@ async fn answers_wait_for_room_in_the_transport_instead_of_being_dropped() {
 
 #[tokio::test]
 async fn answers_past_the_held_limit_are_dropped_and_counted() {
-    let (r, _stop) = start_registrar(|c| {
+    let r = TestRegistrar::start(|c| {
         c.endpoint.limits.send_queue = 1;
         c.max_held_answers = 1;
     })
     .await;
     let answered = burst_of_resolutions(&r, 200).await;
-    let m = r.metrics.lock().unwrap().clone();
+    let m = r.metrics();
     assert_eq!(m.resolutions, 200);
     assert!(m.dropped_answers > 0, "{m:?}");
     assert_eq!(answered as u64 + m.dropped_answers, 200);
@@ -234,15 +126,15 @@ async fn answers_past_the_held_limit_are_dropped_and_counted() {
 
 #[tokio::test]
 async fn silent_pe_is_removed_after_the_keep_alive_timeout_and_lost_association_at_once() {
-    let (r, _stop) = start_registrar(|c| {
+    let r = TestRegistrar::start(|c| {
         c.core.keep_alive_interval = Duration::from_millis(200);
         c.core.keep_alive_timeout = Duration::from_millis(300);
     })
     .await;
-    let mut silent = Client::connect(r.asap_addrs[0]).await;
-    silent.send(&registration("P", pe(1))).await;
+    let mut silent = AsapClient::connect(r.asap_addr()).await.unwrap();
+    silent.send(&registration("P", pe(1))).await.unwrap();
     assert!(matches!(
-        silent.answer().await,
+        silent.answer(WAIT).await.unwrap(),
         AsapMessage::RegistrationResponse(_)
     ));
     // Never answers keep-alives: gone within interval × 1.25 + timeout (+ scheduling slack).
@@ -256,8 +148,8 @@ async fn silent_pe_is_removed_after_the_keep_alive_timeout_and_lost_association_
     })
     .await;
 
-    let gone = Client::connect(r.asap_addrs[0]).await;
-    gone.send(&registration("P", pe(2))).await;
+    let gone = AsapClient::connect(r.asap_addr()).await.unwrap();
+    gone.send(&registration("P", pe(2))).await.unwrap();
     wait_for("registration", Duration::from_secs(3), || {
         metrics.lock().unwrap().registrations == 2
     })
@@ -275,53 +167,56 @@ async fn silent_pe_is_removed_after_the_keep_alive_timeout_and_lost_association_
 
 #[tokio::test]
 async fn malformed_input_gets_an_error_and_other_clients_are_served() {
-    let (r, _stop) = start_registrar(|_| {}).await;
-    let mut bad = Client::connect(r.asap_addrs[0]).await;
-    let mut good = Client::connect(r.asap_addrs[0]).await;
-    bad.raw(vec![
+    let r = TestRegistrar::start(|_| {}).await;
+    let mut bad = AsapClient::connect(r.asap_addr()).await.unwrap();
+    let mut good = AsapClient::connect(r.asap_addr()).await.unwrap();
+    bad.send_raw(vec![
         0x01, 0x00, 0x00, 0x10, 0x00, 0x09, 0x00, 0x20, 0, 0, 0, 0, 0, 0, 0, 0,
     ])
-    .await;
-    let AsapMessage::Error(e) = bad.answer().await else {
+    .await
+    .unwrap();
+    let AsapMessage::Error(e) = bad.answer(WAIT).await.unwrap() else {
         panic!()
     };
     assert_eq!(e.error.code(), Some(CauseCode::InvalidValues));
-    good.send(&resolution("Nothing")).await;
+    good.send(&handle_resolution("Nothing", None))
+        .await
+        .unwrap();
     assert!(matches!(
-        good.answer().await,
+        good.answer(WAIT).await.unwrap(),
         AsapMessage::HandleResolutionResponse(_)
     ));
     // The bad client is still served too.
-    bad.send(&resolution("Nothing")).await;
+    bad.send(&handle_resolution("Nothing", None)).await.unwrap();
     assert!(matches!(
-        bad.answer().await,
+        bad.answer(WAIT).await.unwrap(),
         AsapMessage::HandleResolutionResponse(_)
     ));
 }
 
 #[tokio::test]
 async fn handle_resolution_rate_limit_per_client() {
-    let (r, _stop) = start_registrar(|c| {
+    let r = TestRegistrar::start(|c| {
         c.core.handle_resolution_rate = Some(RateLimit {
             rate: 0.5,
             burst: 2.0,
         })
     })
     .await;
-    let mut pu = Client::connect(r.asap_addrs[0]).await;
+    let mut pu = AsapClient::connect(r.asap_addr()).await.unwrap();
     let mut refused = 0;
     for _ in 0..5 {
-        pu.send(&resolution("P")).await;
-        if let AsapMessage::HandleResolutionResponse(h) = pu.answer().await {
+        pu.send(&handle_resolution("P", None)).await.unwrap();
+        if let AsapMessage::HandleResolutionResponse(h) = pu.answer(WAIT).await.unwrap() {
             if h.error.and_then(|e| e.code()) == Some(CauseCode::RejectedSecurity) {
                 refused += 1;
             }
         }
     }
     assert_eq!(refused, 3);
-    let mut other = Client::connect(r.asap_addrs[0]).await;
-    other.send(&resolution("P")).await;
-    let AsapMessage::HandleResolutionResponse(h) = other.answer().await else {
+    let mut other = AsapClient::connect(r.asap_addr()).await.unwrap();
+    other.send(&handle_resolution("P", None)).await.unwrap();
+    let AsapMessage::HandleResolutionResponse(h) = other.answer(WAIT).await.unwrap() else {
         panic!()
     };
     assert_eq!(
@@ -332,12 +227,15 @@ async fn handle_resolution_rate_limit_per_client() {
 
 #[tokio::test]
 async fn plain_tcp_pool_users_resolve_without_the_frame_header() {
-    let (r, _stop) = start_registrar(|c| {
+    let r = TestRegistrar::start(|c| {
         c.plain_tcp_listen = vec![format!("{LOCAL}:0").parse().unwrap()];
     })
     .await;
-    let pe_client = Client::connect(r.asap_addrs[0]).await;
-    pe_client.send(&registration("EchoPool", pe(5))).await;
+    let pe_client = AsapClient::connect(r.asap_addr()).await.unwrap();
+    pe_client
+        .send(&registration("EchoPool", pe(5)))
+        .await
+        .unwrap();
     let metrics = r.metrics.clone();
     wait_for("registration", Duration::from_secs(3), || {
         metrics.lock().unwrap().registrations == 1
@@ -347,7 +245,7 @@ async fn plain_tcp_pool_users_resolve_without_the_frame_header() {
     let mut s = tokio::net::TcpStream::connect(r.plain_tcp_addrs[0])
         .await
         .unwrap();
-    s.write_all(&codec.encode(&resolution("EchoPool")).unwrap())
+    s.write_all(&codec.encode(&handle_resolution("EchoPool", None)).unwrap())
         .await
         .unwrap();
     let mut head = [0u8; 4];
@@ -367,23 +265,22 @@ async fn plain_tcp_pool_users_resolve_without_the_frame_header() {
 
 #[tokio::test]
 async fn metrics_endpoint_serves_prometheus_text() {
-    let (r, _stop) = start_registrar(|_| {}).await;
-    let c = Client::connect(r.asap_addrs[0]).await;
-    c.send(&registration("P", pe(1))).await;
+    let r = TestRegistrar::start(|_| {}).await;
+    let c = AsapClient::connect(r.asap_addr()).await.unwrap();
+    c.send(&registration("P", pe(1))).await.unwrap();
     let metrics = r.metrics.clone();
     wait_for("registration", Duration::from_secs(3), || {
         metrics.lock().unwrap().registrations == 1
     })
     .await;
-    let mut s = tokio::net::TcpStream::connect(r.metrics_addr.unwrap())
+    let answer = http::get(r.metrics_addr.unwrap(), "/metrics")
         .await
         .unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.unwrap();
-    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    let text = &answer.body;
+    assert!(
+        answer.status_line.starts_with("HTTP/1.1 200 OK"),
+        "{answer:?}"
+    );
     assert!(
         text.contains("rserpool_registrar_registrations_total 1"),
         "{text}"
@@ -396,28 +293,21 @@ async fn metrics_endpoint_serves_prometheus_text() {
 }
 
 /// One GET over a fresh connection: the head (lower case) and the body.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_string(&mut text))
-        .await
-        .expect("an answer within 30 s")
-        .unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (head.to_ascii_lowercase(), body.to_string())
+async fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    let answer = http::get(addr, path).await.expect("an answer");
+    (answer.head, answer.body)
 }
 
 #[tokio::test]
 async fn http_endpoint_serves_status_healthz_and_404() {
-    let (r, _stop) = start_registrar(|c| c.status_max_pools = 2).await;
-    let c = Client::connect(r.asap_addrs[0]).await;
+    let r = TestRegistrar::start(|c| c.status_max_pools = 2).await;
+    let c = AsapClient::connect(r.asap_addr()).await.unwrap();
     for (i, pool) in ["A", "B", "C"].iter().enumerate() {
-        c.send(&registration(pool, pe(10 + i as u32))).await;
+        c.send(&registration(pool, pe(10 + i as u32)))
+            .await
+            .unwrap();
     }
-    c.send(&registration("A", pe(20))).await;
+    c.send(&registration("A", pe(20))).await.unwrap();
     let metrics = r.metrics.clone();
     wait_for("registrations", Duration::from_secs(30), || {
         metrics.lock().unwrap().registrations == 4
@@ -471,22 +361,15 @@ async fn http_endpoint_serves_status_healthz_and_404() {
 
 #[tokio::test]
 async fn endpoint_drivers_register_resolve_and_report() {
-    let (r, _stop) =
-        start_registrar(|c| c.core.keep_alive_interval = Duration::from_millis(300)).await;
-    let access = RegistrarAccess::single(r.asap_addrs[0], TransportChoice::Tcp);
+    let r = TestRegistrar::start(|c| c.core.keep_alive_interval = Duration::from_millis(300)).await;
+    let access = r.access();
     let mut handles = Vec::new();
     for port in [7001, 7002] {
-        let mut h = PoolElementHandle::start(
-            PoolElementConfig::new(
-                PoolHandle::from("EchoPool"),
-                UserTransport::Address(TransportAddress::tcp(port, LOCAL.parse().unwrap())),
-                PoolPolicy::RoundRobin,
-            ),
-            access.clone(),
-        )
-        .await
-        .unwrap();
-        assert!(h.wait_registered(Duration::from_secs(5)).await);
+        let at = SocketAddr::new(LOCALHOST, port);
+        let config = pe_config("EchoPool", at, PoolPolicy::RoundRobin);
+        let h = registered_pe(access.clone(), config, Duration::from_secs(5))
+            .await
+            .unwrap();
         handles.push(h);
     }
     let pu = PoolUserClient::start(
@@ -527,16 +410,19 @@ async fn endpoint_drivers_register_resolve_and_report() {
     }
     // A report that finds a periodic keep-alive outstanding waits for that one instead of
     // probing: report again until a probe went out.
-    let until = tokio::time::Instant::now() + Duration::from_secs(20);
-    while metrics.lock().unwrap().unreachable_probes == 0 {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "no probe for the reports"
-        );
-        pu.report_unreachable(PoolHandle::from("EchoPool"), other)
-            .await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        "a probe for the reports",
+        Duration::from_secs(20),
+        async || {
+            if metrics.lock().unwrap().unreachable_probes > 0 {
+                return true;
+            }
+            pu.report_unreachable(PoolHandle::from("EchoPool"), other)
+                .await;
+            false
+        },
+    )
+    .await;
     wait_for("the probe's answer", Duration::from_secs(10), || {
         metrics.lock().unwrap().keep_alives_acked > acked_before
     })
@@ -565,7 +451,7 @@ async fn server_announces_reach_the_multicast_group() {
         max_datagram: 65_535,
     })
     .unwrap();
-    let (r, _stop) = start_registrar(|c| {
+    let r = TestRegistrar::start(|c| {
         c.core.announce = Some(rserpool_registrar::AnnounceConfig {
             group,
             interval: Duration::from_millis(200),
