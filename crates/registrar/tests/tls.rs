@@ -7,26 +7,23 @@ mod pki;
 
 use pki::{server_names, Names, Pki};
 use rserpool_endpoint::driver::{PoolElementHandle, PoolUserClient, RegistrarAccess};
-use rserpool_endpoint::pe::PoolElementConfig;
 use rserpool_endpoint::pu::{ResolveError, ResolverConfig};
 use rserpool_registrar::access::{AccessRefusal, AccessRules, IdentityPattern, RegistrationRule};
-use rserpool_registrar::driver::{run, DriverConfig, Running};
-use rserpool_registrar::{
-    AddressScope, AssociationId, AssociationKind, PeerInfo, Profile, Registrar, RegistrarConfig,
-    RegistrarEvent,
+use rserpool_registrar::{AssociationId, AssociationKind, PeerInfo, Profile, RegistrarEvent};
+use rserpool_sim::fixtures::RegistrarHarness;
+use rserpool_testkit::{
+    deregistration, endpoint_unreachable, handle_resolution, pe_config, registration,
+    TestRegistrar, LOCALHOST, WAIT,
 };
-use rserpool_transport::{PeerIdentity, TlsSettings, TransportChoice};
-use rserpool_wire::asap::{self, AsapMessage};
+use rserpool_transport::{PeerIdentity, TlsSettings};
+use rserpool_wire::asap::AsapMessage;
 use rserpool_wire::{
-    CauseCode, Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol, RegistrarId,
-    RegistrationLife, TransportAddress, TransportUse, UserTransport,
+    CauseCode, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId, RegistrationLife,
+    TransportAddress, TransportUse, UserTransport,
 };
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
-
-/// Generous: loaded CI machines.
-const WAIT: Duration = Duration::from_secs(30);
 
 fn rules(unauthenticated_resolution: bool) -> AccessRules {
     AccessRules {
@@ -63,21 +60,24 @@ fn pe(id: u32, addr: &str) -> PoolElement {
     }
 }
 
+/// The registrar core with access rules, over [`RegistrarHarness`], whose associations come
+/// up with (or without) a TLS identity.
 struct Core {
-    r: Registrar,
-    codec: Codec,
+    h: RegistrarHarness,
     next: u64,
 }
 
 impl Core {
     fn new(unauthenticated_resolution: bool) -> Core {
-        let mut c = RegistrarConfig::new(Profile::Rsplib);
-        c.seed = Some(1);
-        c.announce = None;
-        c.access = Some(rules(unauthenticated_resolution));
+        Core::with_rules(Some(rules(unauthenticated_resolution)))
+    }
+
+    fn with_rules(access: Option<AccessRules>) -> Core {
         Core {
-            codec: Codec::new(c.codec),
-            r: Registrar::new(c, Duration::ZERO),
+            h: RegistrarHarness::new(Profile::Rsplib, |c| {
+                c.seed = Some(1);
+                c.access = access;
+            }),
             next: 1,
         }
     }
@@ -85,7 +85,7 @@ impl Core {
     fn up(&mut self, addr: &str, who: Option<Arc<PeerIdentity>>) -> AssociationId {
         let a = AssociationId(self.next);
         self.next += 1;
-        self.r.association_up_with_identity(
+        self.h.registrar.association_up_with_identity(
             Duration::ZERO,
             a,
             PeerInfo {
@@ -100,16 +100,14 @@ impl Core {
 
     /// Sends `m` over `a`; returns what the registrar answered on `a`.
     fn ask(&mut self, a: AssociationId, m: AsapMessage) -> Vec<AsapMessage> {
-        let b = self.codec.encode(&m).unwrap();
-        self.r.message(Duration::ZERO, a, Protocol::Asap.ppid(), &b);
-        std::iter::from_fn(|| self.r.poll_transmit())
-            .filter(|t| t.destination == rserpool_registrar::Destination::Association(a))
-            .map(|t| self.codec.decode::<AsapMessage>(&t.bytes).unwrap().message)
-            .collect()
+        self.h.deliver(a, m);
+        self.h.sent_to(a)
     }
 
     fn refusals(&mut self) -> Vec<(Option<String>, AccessRefusal, Option<PoolHandle>)> {
-        std::iter::from_fn(|| self.r.poll_event())
+        self.h
+            .events()
+            .into_iter()
             .filter_map(|e| match e {
                 RegistrarEvent::AccessRefused {
                     identity,
@@ -125,21 +123,6 @@ impl Core {
             })
             .collect()
     }
-}
-
-fn register(pool: &str, pe: PoolElement) -> AsapMessage {
-    AsapMessage::Registration(asap::Registration {
-        pool_handle: PoolHandle::from(pool),
-        pool_element: pe,
-    })
-}
-
-fn resolve(pool: &str) -> AsapMessage {
-    AsapMessage::HandleResolution(asap::HandleResolution {
-        subscribe: false,
-        pool_handle: PoolHandle::from(pool),
-        option: None,
-    })
 }
 
 fn reject_cause(answers: &[AsapMessage]) -> Option<CauseCode> {
@@ -162,10 +145,10 @@ fn core_applies_the_identity_rules() {
     let pu = c.up("10.0.0.4", Some(identity("pu-1", "pu.users.test")));
 
     // No certificate: refused, 0xa.
-    let a = c.ask(anonymous, register("EchoPool", pe(1, "10.0.0.1")));
+    let a = c.ask(anonymous, registration("EchoPool", pe(1, "10.0.0.1")));
     assert_eq!(reject_cause(&a), Some(CauseCode::RejectedSecurity));
     // A certificate not allowed for the pool: refused, 0xa.
-    let a = c.ask(calc, register("EchoPool", pe(2, "10.0.0.2")));
+    let a = c.ask(calc, registration("EchoPool", pe(2, "10.0.0.2")));
     assert_eq!(reject_cause(&a), Some(CauseCode::RejectedSecurity));
     assert_eq!(
         c.refusals(),
@@ -183,45 +166,33 @@ fn core_applies_the_identity_rules() {
         ]
     );
     // Allowed ones register.
-    let a = c.ask(echo, register("EchoPool", pe(3, "10.0.0.3")));
+    let a = c.ask(echo, registration("EchoPool", pe(3, "10.0.0.3")));
     assert_eq!(reject_cause(&a), None);
     assert!(matches!(&a[..], [AsapMessage::RegistrationResponse(r)] if !r.reject));
-    let a = c.ask(calc, register("CalcAppPool", pe(4, "10.0.0.2")));
+    let a = c.ask(calc, registration("CalcAppPool", pe(4, "10.0.0.2")));
     assert!(matches!(&a[..], [AsapMessage::RegistrationResponse(r)] if !r.reject));
-    assert_eq!(c.r.handlespace().len(), 2);
+    assert_eq!(c.h.registrar.handlespace().len(), 2);
 
     // An identity not allowed for the pool cannot deregister its PEs either.
-    let a = c.ask(
-        calc,
-        AsapMessage::Deregistration(asap::Deregistration {
-            pool_handle: PoolHandle::from("EchoPool"),
-            pe_id: PoolElementId(3),
-        }),
-    );
+    let a = c.ask(calc, deregistration("EchoPool", 3));
     assert_eq!(reject_cause(&a), Some(CauseCode::RejectedSecurity));
-    assert_eq!(c.r.handlespace().len(), 2, "the PE stays");
+    assert_eq!(c.h.registrar.handlespace().len(), 2, "the PE stays");
 
     // An authenticated PU resolves; an unauthenticated one is refused with 0xa, and its
     // unreachable reports are not taken.
-    let a = c.ask(pu, resolve("EchoPool"));
+    let a = c.ask(pu, handle_resolution("EchoPool", None));
     assert!(
         matches!(&a[..], [AsapMessage::HandleResolutionResponse(r)] if r.error.is_none() && r.pool_elements.len() == 1)
     );
-    let a = c.ask(anonymous, resolve("EchoPool"));
+    let a = c.ask(anonymous, handle_resolution("EchoPool", None));
     assert_eq!(reject_cause(&a), Some(CauseCode::RejectedSecurity));
     for _ in 0..5 {
-        c.ask(
-            anonymous,
-            AsapMessage::EndpointUnreachable(asap::EndpointUnreachable {
-                pool_handle: PoolHandle::from("EchoPool"),
-                pe_id: PoolElementId(3),
-            }),
-        );
+        c.ask(anonymous, endpoint_unreachable("EchoPool", 3));
     }
-    assert_eq!(c.r.metrics().unreachable_reports, 0);
-    assert_eq!(c.r.handlespace().len(), 2);
+    assert_eq!(c.h.registrar.metrics().unreachable_reports, 0);
+    assert_eq!(c.h.registrar.handlespace().len(), 2);
 
-    let m = c.r.metrics();
+    let m = c.h.registrar.metrics();
     assert_eq!(
         m.access_refused_by(AccessRefusal::RegistrationWithoutIdentity),
         1
@@ -248,14 +219,14 @@ fn core_checks_enrp_peers_by_identity() {
         Some(identity("registrar-2.test", "e1.echo.test")),
     );
     let anonymous = c.up("10.0.1.3", None);
-    assert_eq!(c.r.check_enrp_peer(peer), Ok(()));
+    assert_eq!(c.h.registrar.check_enrp_peer(peer), Ok(()));
     assert_eq!(
-        c.r.check_enrp_peer(pe),
+        c.h.registrar.check_enrp_peer(pe),
         Err(AccessRefusal::PeerNotAllowed),
         "a common name is not a DNS name"
     );
     assert_eq!(
-        c.r.check_enrp_peer(anonymous),
+        c.h.registrar.check_enrp_peer(anonymous),
         Err(AccessRefusal::PeerWithoutIdentity)
     );
     assert_eq!(
@@ -270,7 +241,8 @@ fn core_checks_enrp_peers_by_identity() {
         ]
     );
     assert_eq!(
-        c.r.metrics()
+        c.h.registrar
+            .metrics()
             .access_refused_by(AccessRefusal::PeerNotAllowed),
         1
     );
@@ -278,16 +250,9 @@ fn core_checks_enrp_peers_by_identity() {
 
 #[test]
 fn core_without_rules_checks_nothing() {
-    let mut c = RegistrarConfig::new(Profile::Rsplib);
-    c.announce = None;
-    c.seed = Some(1);
-    let mut core = Core {
-        codec: Codec::new(c.codec),
-        r: Registrar::new(c, Duration::ZERO),
-        next: 1,
-    };
+    let mut core = Core::with_rules(None);
     let a = core.up("10.0.0.1", None);
-    let answers = core.ask(a, register("EchoPool", pe(1, "10.0.0.1")));
+    let answers = core.ask(a, registration("EchoPool", pe(1, "10.0.0.1")));
     assert!(matches!(&answers[..], [AsapMessage::RegistrationResponse(r)] if !r.reject));
 }
 
@@ -295,91 +260,55 @@ fn core_without_rules_checks_nothing() {
 fn core_serves_unauthenticated_users_when_allowed() {
     let mut c = Core::new(true);
     let echo = c.up("10.0.0.3", Some(identity("echo-1", "e1.echo.test")));
-    c.ask(echo, register("EchoPool", pe(3, "10.0.0.3")));
+    c.ask(echo, registration("EchoPool", pe(3, "10.0.0.3")));
     let anonymous = c.up("10.0.0.1", None);
-    let a = c.ask(anonymous, resolve("EchoPool"));
+    let a = c.ask(anonymous, handle_resolution("EchoPool", None));
     assert!(
         matches!(&a[..], [AsapMessage::HandleResolutionResponse(r)] if r.error.is_none() && r.pool_elements.len() == 1),
         "{a:?}"
     );
     // ... but still not register.
-    let a = c.ask(anonymous, register("EchoPool", pe(1, "10.0.0.1")));
+    let a = c.ask(anonymous, registration("EchoPool", pe(1, "10.0.0.1")));
     assert_eq!(reject_cause(&a), Some(CauseCode::RejectedSecurity));
 }
 
 // ---- live, over the TCP mapping with TLS ----
 
-struct Live {
-    running: Running,
-    _stop: oneshot::Sender<()>,
-}
-
-async fn start_registrar(pki: &Pki, unauthenticated_resolution: bool) -> Live {
-    let mut core = RegistrarConfig::new(Profile::Rsplib);
-    core.min_address_scope = AddressScope::Loopback;
-    core.announce = None;
-    core.seed = Some(3);
-    core.access = Some(rules(unauthenticated_resolution));
-    let mut config = DriverConfig::new(core);
-    config.transport = TransportChoice::Tcp;
-    config.asap_listen = vec!["127.0.0.1:0".parse().unwrap()];
+async fn start_registrar(pki: &Pki, unauthenticated_resolution: bool) -> TestRegistrar {
     let mut tls = pki.settings("registrar", server_names());
     tls.require_client_certificate = false;
-    config.endpoint.tls = Some(tls);
-    let (started_tx, started_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        run(config, started_tx, async {
-            let _ = stop_rx.await;
-        })
-        .await
-        .expect("registrar runs");
-    });
-    Live {
-        running: started_rx.await.expect("registrar starts"),
-        _stop: stop_tx,
-    }
+    TestRegistrar::start(|c| {
+        c.core.access = Some(rules(unauthenticated_resolution));
+        c.endpoint.tls = Some(tls);
+    })
+    .await
 }
 
-impl Live {
-    fn access(&self, tls: TlsSettings) -> RegistrarAccess {
-        let mut a = RegistrarAccess::single(self.running.asap_addrs[0], TransportChoice::Tcp);
-        a.endpoint.tls = Some(tls);
-        a.retry_interval = Duration::from_millis(200);
-        a
-    }
-
-    async fn wait_metric(&self, what: &str, f: impl Fn(&rserpool_registrar::Metrics) -> bool) {
-        let until = tokio::time::Instant::now() + WAIT;
-        loop {
-            if f(&self.running.metrics_now()) {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < until,
-                "timed out waiting for {what}: {:?}",
-                self.running.metrics_now()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+/// How a PE or PU with `tls` reaches the registrar.
+fn access(live: &TestRegistrar, tls: TlsSettings) -> RegistrarAccess {
+    let mut a = live.access();
+    a.endpoint.tls = Some(tls);
+    a.retry_interval = Duration::from_millis(200);
+    a
 }
 
-async fn start_pe(live: &Live, tls: TlsSettings, pool: &str, port: u16) -> PoolElementHandle {
+async fn start_pe(
+    live: &TestRegistrar,
+    tls: TlsSettings,
+    pool: &str,
+    port: u16,
+) -> PoolElementHandle {
+    let at = SocketAddr::new(LOCALHOST, port);
     PoolElementHandle::start(
-        PoolElementConfig::new(
-            PoolHandle::from(pool),
-            UserTransport::Address(TransportAddress::tcp(port, "127.0.0.1".parse().unwrap())),
-            PoolPolicy::RoundRobin,
-        ),
-        live.access(tls),
+        pe_config(pool, at, PoolPolicy::RoundRobin),
+        access(live, tls),
     )
     .await
     .expect("PE starts")
 }
 
-async fn resolve_with(live: &Live, tls: TlsSettings) -> Result<usize, ResolveError> {
-    let pu = PoolUserClient::start(ResolverConfig::default(), live.access(tls))
+async fn resolve_with(live: &TestRegistrar, tls: TlsSettings) -> Result<usize, ResolveError> {
+    let pu = PoolUserClient::start(ResolverConfig::default(), access(live, tls))
         .await
         .expect("PU starts");
     tokio::time::timeout(WAIT, pu.resolve(PoolHandle::from("EchoPool")))
@@ -404,7 +333,7 @@ async fn pes_are_refused_without_an_allowed_certificate_and_an_allowed_one_is_re
 
     // No certificate: the registration is refused with 0xa.
     let no_cert = start_pe(&live, pki.anonymous(), "EchoPool", 7001).await;
-    live.wait_metric("a registration without identity refused", |m| {
+    live.wait_metrics("a registration without identity refused", WAIT, |m| {
         m.access_refused_by(AccessRefusal::RegistrationWithoutIdentity) >= 1
     })
     .await;
@@ -417,7 +346,7 @@ async fn pes_are_refused_without_an_allowed_certificate_and_an_allowed_one_is_re
         7002,
     )
     .await;
-    live.wait_metric("an untrusted certificate refused", |m| {
+    live.wait_metrics("an untrusted certificate refused", WAIT, |m| {
         m.tls_handshake_failures >= 1
     })
     .await;
@@ -436,7 +365,7 @@ async fn pes_are_refused_without_an_allowed_certificate_and_an_allowed_one_is_re
         7003,
     )
     .await;
-    live.wait_metric("a pool not allowed refused", |m| {
+    live.wait_metrics("a pool not allowed refused", WAIT, |m| {
         m.access_refused_by(AccessRefusal::PoolNotAllowed) >= 1
     })
     .await;
@@ -468,11 +397,11 @@ async fn pes_are_refused_without_an_allowed_certificate_and_an_allowed_one_is_re
         resolve_with(&live, pki.anonymous()).await,
         Err(ResolveError::Refused(CauseCode::RejectedSecurity))
     );
-    live.wait_metric("the unauthenticated resolution counted", |m| {
+    live.wait_metrics("the unauthenticated resolution counted", WAIT, |m| {
         m.access_refused_by(AccessRefusal::ResolutionWithoutIdentity) >= 1
     })
     .await;
-    let m = live.running.metrics_now();
+    let m = live.metrics_now();
     assert_eq!(m.pool_elements, 1);
     assert!(m.tls_handshakes >= 4, "{m:?}");
     assert!(m.registration_rejects[0xa] >= 2, "{m:?}");
@@ -492,10 +421,7 @@ async fn unauthenticated_users_are_served_when_the_rule_allows() {
         Err(ResolveError::NoRegistrar)
     );
     assert_eq!(
-        live.running
-            .metrics
-            .lock()
-            .unwrap()
+        live.metrics()
             .access_refused_by(AccessRefusal::ResolutionWithoutIdentity),
         0
     );
