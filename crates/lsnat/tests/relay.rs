@@ -7,6 +7,7 @@ use rserpool_lsnat::core::receipt::Outcome;
 use rserpool_lsnat::core::{Protocol, Status};
 use rserpool_lsnat::source::{ChannelSource, SourceUpdate};
 use rserpool_lsnat::{start, Config, Overrides, Running, StaticSource};
+use rserpool_testkit::{http, wait_for};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -174,15 +175,6 @@ async fn roundtrip(s: &mut TcpStream, msg: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    t0.elapsed()
-}
-
 fn member_state(st: &Status, addr: SocketAddr) -> &'static str {
     st.members
         .iter()
@@ -237,7 +229,7 @@ async fn bulk_transfers_arrive_intact_and_counted_with_and_without_splice() {
             .unwrap();
         writer.await.unwrap();
         assert!(got == data, "payload corrupted (splice = {splice})");
-        wait_until("the session's outcome", || {
+        wait_for("the session's outcome", WAIT, || {
             !gw.status().recent_outcomes.is_empty()
         })
         .await;
@@ -270,7 +262,7 @@ async fn tcp_relay_case(extra: &str) {
             .unwrap();
         assert!(rest.is_empty());
     }
-    wait_until("four closed sessions", || {
+    wait_for("four closed sessions", WAIT, || {
         gw.status()
             .recent_outcomes
             .iter()
@@ -363,7 +355,7 @@ async fn udp_flows_bind_per_client_and_end_by_idle_timer() {
         .map(|b| b.receipt.bound.as_ref().unwrap().address)
         .collect();
     assert!(members.contains(&a) && members.contains(&b), "{members:?}");
-    wait_until("both flows to idle out", || {
+    wait_for("both flows to idle out", WAIT, || {
         gw.status().active_sessions == 0
     })
     .await;
@@ -438,14 +430,14 @@ async fn killed_member_gets_no_new_bindings_and_its_sessions_are_lost() {
     let mut child = child;
     child.child.kill().unwrap();
     let _ = child.child.wait();
-    wait_until("the killed member to be judged dead", || {
+    wait_for("the killed member to be judged dead", WAIT, || {
         member_state(&gw.status(), child.addr) == "dead"
     })
     .await;
     let detected = t0.elapsed();
     // interval 100 ms × fall 2 + timeout: well under the generous bound.
     assert!(detected < Duration::from_secs(5), "{detected:?}");
-    wait_until("the held session's outcome", || {
+    wait_for("the held session's outcome", WAIT, || {
         !outcomes_of(&gw.status(), child.addr).is_empty()
     })
     .await;
@@ -483,7 +475,7 @@ async fn stopped_member_is_judged_dead_then_returns_with_slow_start() {
     signal(&child.child, libc::SIGSTOP);
     // kill(2) returns before the process has stopped: wait until it has.
     let stat = format!("/proc/{}/stat", child.child.id());
-    wait_until("the child to stop", || {
+    wait_for("the child to stop", WAIT, || {
         std::fs::read_to_string(&stat)
             .ok()
             .and_then(|s| {
@@ -497,11 +489,11 @@ async fn stopped_member_is_judged_dead_then_returns_with_slow_start() {
     // The stopped process's kernel still accepts connections; the probe's expected reply
     // never comes, and that is the evidence.
     held.write_all(b"anyone there?").await.unwrap();
-    wait_until("the stopped member to be judged dead", || {
+    wait_for("the stopped member to be judged dead", WAIT, || {
         member_state(&gw.status(), child.addr) == "dead"
     })
     .await;
-    wait_until("the held session to be reported lost", || {
+    wait_for("the held session to be reported lost", WAIT, || {
         matches!(
             outcomes_of(&gw.status(), child.addr).last(),
             Some(Outcome::MemberLost { .. })
@@ -517,14 +509,14 @@ async fn stopped_member_is_judged_dead_then_returns_with_slow_start() {
     new_sessions_avoid(&gw, child.addr, 4).await;
     // Resume: probes pass again, probation (slow start), then alive and chosen again.
     signal(&child.child, libc::SIGCONT);
-    wait_until("probation", || {
+    wait_for("probation", WAIT, || {
         matches!(
             member_state(&gw.status(), child.addr),
             "probation" | "alive"
         )
     })
     .await;
-    wait_until("alive", || {
+    wait_for("alive", WAIT, || {
         member_state(&gw.status(), child.addr) == "alive"
     })
     .await;
@@ -557,14 +549,14 @@ async fn draining_member_keeps_bound_sessions_and_gets_no_new_ones() {
     ]))
     .await
     .unwrap();
-    wait_until("draining", || {
+    wait_for("draining", WAIT, || {
         member_state(&gw.status(), a.addr) == "draining"
     })
     .await;
     new_sessions_avoid(&gw, a.addr, 4).await;
     roundtrip(&mut held, b"still served").await.unwrap();
     drop(held);
-    wait_until("the drained session to close", || {
+    wait_for("the drained session to close", WAIT, || {
         outcomes_of(&gw.status(), a.addr).contains(&Outcome::Closed)
     })
     .await;
@@ -572,7 +564,10 @@ async fn draining_member_keeps_bound_sessions_and_gets_no_new_ones() {
     tx.send(SourceUpdate::Members(vec![MemberSpec::new(b.addr)]))
         .await
         .unwrap();
-    wait_until("removal", || member_state(&gw.status(), a.addr) == "absent").await;
+    wait_for("removal", WAIT, || {
+        member_state(&gw.status(), a.addr) == "absent"
+    })
+    .await;
     gw.shutdown().await;
 }
 
@@ -599,7 +594,10 @@ async fn sessions_over_the_limit_are_refused_and_counted() {
             "refused connection is closed: {r:?}"
         );
     }
-    wait_until("the refusal", || gw.status().recent_outcomes.len() == 1).await;
+    wait_for("the refusal", WAIT, || {
+        gw.status().recent_outcomes.len() == 1
+    })
+    .await;
     let m = gw.metrics();
     assert!(
         m.contains("rserpool_lsnat_refused_total{reason=\"max_sessions\"} 1"),
@@ -612,7 +610,7 @@ async fn sessions_over_the_limit_are_refused_and_counted() {
         .any(|r| matches!(r.outcome, Some(Outcome::Refused { .. })) && r.bound.is_none()));
     // Room again once a session ends.
     drop(s1);
-    wait_until("a free slot", || gw.status().active_sessions == 1).await;
+    wait_for("a free slot", WAIT, || gw.status().active_sessions == 1).await;
     let mut s4 = TcpStream::connect(vip).await.unwrap();
     roundtrip(&mut s4, b"4").await.unwrap();
     gw.shutdown().await;
@@ -662,24 +660,13 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
     let mut s = TcpStream::connect(vip).await.unwrap();
     roundtrip(&mut s, b"x").await.unwrap();
     let http = gw.status_address().unwrap();
-    async fn get(addr: SocketAddr, path: &str) -> String {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        out
-    }
-    let status = get(http, "/status").await;
-    assert!(status.starts_with("HTTP/1.1 200"));
+    let status = http::get(http, "/status").await.unwrap();
+    assert!(status.status_line.starts_with("HTTP/1.1 200"));
     assert!(
-        status
-            .to_ascii_lowercase()
-            .contains("content-type: application/json"),
-        "{status}"
+        status.head.contains("content-type: application/json"),
+        "{status:?}"
     );
-    let body = status.split("\r\n\r\n").nth(1).unwrap();
+    let body = &status.body;
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(v["active_sessions"], 1);
     assert_eq!(
@@ -689,16 +676,19 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
     assert_eq!(v["members"][0]["state"], "alive");
     // Documented fields, plain values: a cost is a number (or "unreachable").
     assert_eq!(v["members"][0]["cost"], 0, "{}", v["members"][0]);
-    let health = get(http, "/healthz").await;
+    let health = http::get(http, "/healthz").await.unwrap();
     assert!(
-        health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
-        "{health}"
+        health.status_line.starts_with("HTTP/1.1 200") && health.body.ends_with("ok\n"),
+        "{health:?}"
     );
-    let metrics = get(http, "/metrics").await;
+    let answer = http::get(http, "/metrics").await.unwrap();
     assert!(
-        metrics.contains("application/openmetrics-text; version=1.0.0"),
-        "{metrics}"
+        answer
+            .head
+            .contains("application/openmetrics-text; version=1.0.0"),
+        "{answer:?}"
     );
+    let metrics = &answer.body;
     assert!(metrics.ends_with("# EOF\n"), "{metrics}");
     for family in [
         "rserpool_lsnat_member_selected_total",
@@ -715,7 +705,11 @@ async fn status_endpoint_serves_json_and_prometheus_text() {
         );
         assert!(metrics.contains(&format!("\n{family}{{")), "{family}");
     }
-    assert!(get(http, "/nope").await.starts_with("HTTP/1.1 404"));
+    assert!(http::get(http, "/nope")
+        .await
+        .unwrap()
+        .status_line
+        .starts_with("HTTP/1.1 404"));
     gw.shutdown().await;
 }
 
@@ -772,7 +766,10 @@ async fn a_member_reset_is_recorded_as_reset_and_passed_on() {
         matches!(&r, Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
         "the client sees a reset, not a clean close: {r:?}"
     );
-    wait_until("the outcome", || !gw.status().recent_outcomes.is_empty()).await;
+    wait_for("the outcome", WAIT, || {
+        !gw.status().recent_outcomes.is_empty()
+    })
+    .await;
     let st = gw.status();
     assert_eq!(
         st.recent_outcomes[0].outcome,
@@ -796,7 +793,7 @@ async fn udp_datagrams_refused_by_the_member_end_the_flow_as_connect_failed() {
     let vip = gw.listener(Protocol::Udp).unwrap();
     let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     c.send_to(b"hello?", vip).await.unwrap();
-    wait_until("the flow's outcome", || {
+    wait_for("the flow's outcome", WAIT, || {
         !gw.status().recent_outcomes.is_empty()
     })
     .await;
@@ -870,7 +867,7 @@ async fn udp_receipts_count_every_byte_of_short_and_long_flows() {
         }
         expected.push((c.local_addr().unwrap(), total));
     }
-    wait_until("every flow to idle out", || {
+    wait_for("every flow to idle out", WAIT, || {
         gw.status().active_sessions == 0
     })
     .await;
@@ -942,7 +939,7 @@ async fn worker_threads_share_the_port_serve_every_session_and_refuse_a_port_in_
     for c in clients {
         c.await.unwrap();
     }
-    wait_until("40 closed receipts", || {
+    wait_for("40 closed receipts", WAIT, || {
         gw.status()
             .recent_outcomes
             .iter()

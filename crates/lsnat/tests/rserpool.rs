@@ -2,53 +2,27 @@
 //! PEs that register and leave, and the gateway binding client sessions to exactly the PEs the
 //! registrar lists, chosen by the pool's own policy.
 
-use rserpool_endpoint::driver::{PoolElementHandle, RegistrarAccess};
-use rserpool_endpoint::pe::PoolElementConfig;
+use rserpool_endpoint::driver::PoolElementHandle;
 use rserpool_lsnat::core::Protocol;
 use rserpool_lsnat::{member_source, start, Config, Overrides};
-use rserpool_registrar::driver::{run, DriverConfig};
-use rserpool_registrar::{AddressScope, Profile, RegistrarConfig};
-use rserpool_transport::TransportChoice;
-use rserpool_wire::{PoolHandle, PoolPolicy, TransportAddress, UserTransport};
+use rserpool_testkit::{pe_config, registered_pe, until, NamedService, TestRegistrar, WAIT};
+use rserpool_wire::PoolPolicy;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-/// A TCP service that answers every connection with its own name.
-async fn named_service(name: &'static str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let mut b = [0u8; 16];
-                if s.read(&mut b).await.is_ok() {
-                    let _ = s.write_all(name.as_bytes()).await;
-                }
-            });
-        }
-    });
-    (addr, task)
-}
-
-async fn pe(registrar: SocketAddr, addr: SocketAddr, policy: PoolPolicy) -> PoolElementHandle {
-    let mut h = PoolElementHandle::start(
-        PoolElementConfig::new(
-            PoolHandle::from("WebPool"),
-            UserTransport::Address(TransportAddress::tcp(addr.port(), addr.ip())),
-            policy,
-        ),
-        RegistrarAccess::single(registrar, TransportChoice::Tcp),
-    )
-    .await
-    .unwrap();
-    assert!(h.wait_registered(Duration::from_secs(5)).await);
-    h
+/// A PE of "WebPool" serving `service`, registered at `registrar`.
+async fn pe(
+    registrar: &TestRegistrar,
+    service: &NamedService,
+    policy: PoolPolicy,
+) -> PoolElementHandle {
+    let config = pe_config("WebPool", service.addr(), policy);
+    registered_pe(registrar.access(), config, Duration::from_secs(5))
+        .await
+        .unwrap()
 }
 
 /// Opens `n` sessions through the gateway and counts which service answered each.
@@ -67,31 +41,16 @@ async fn spread(gateway: SocketAddr, n: usize) -> HashMap<String, usize> {
     seen
 }
 
-async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_follow_the_registrar_and_the_pool_policy() {
-    let mut core = RegistrarConfig::new(Profile::Rsplib);
-    core.min_address_scope = AddressScope::Loopback;
-    core.announce = None;
-    let mut rc = DriverConfig::new(core);
-    rc.transport = TransportChoice::Tcp;
-    rc.asap_listen = vec!["127.0.0.1:0".parse().unwrap()];
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(run(rc, tx, std::future::pending()));
-    let registrar = rx.await.unwrap().asap_addrs[0];
+    let r = TestRegistrar::start(|_| {}).await;
+    let registrar = r.asap_addr();
 
-    let (a_addr, _a) = named_service("A").await;
-    let (b_addr, _b) = named_service("B").await;
-    let (c_addr, _c) = named_service("C").await;
-    let pe_a = pe(registrar, a_addr, PoolPolicy::RoundRobin).await;
-    let _pe_b = pe(registrar, b_addr, PoolPolicy::RoundRobin).await;
+    let a = NamedService::start("A").await.unwrap();
+    let b = NamedService::start("B").await.unwrap();
+    let c = NamedService::start("C").await.unwrap();
+    let pe_a = pe(&r, &a, PoolPolicy::RoundRobin).await;
+    let _pe_b = pe(&r, &b, PoolPolicy::RoundRobin).await;
 
     let config = Config::from_overrides(&Overrides {
         listen: vec!["tcp:127.0.0.1:0".into()],
@@ -111,7 +70,7 @@ async fn members_follow_the_registrar_and_the_pool_policy() {
     let gw = start(config.clone(), member_source(&config)).await.unwrap();
     let gateway = gw.listener(Protocol::Tcp).unwrap();
 
-    until("both PEs as members", async || {
+    until("both PEs as members", WAIT, async || {
         spread(gateway, 4).await.len() == 2
     })
     .await;
@@ -121,15 +80,15 @@ async fn members_follow_the_registrar_and_the_pool_policy() {
 
     // A leaves the pool: no new session goes to it.
     pe_a.deregister().await;
-    until("A gone", async || {
+    until("A gone", WAIT, async || {
         !spread(gateway, 4).await.contains_key("A")
     })
     .await;
     assert_eq!(spread(gateway, 6).await.get("B"), Some(&6));
 
     // C joins: it gets sessions.
-    let _pe_c = pe(registrar, c_addr, PoolPolicy::RoundRobin).await;
-    until("C as member", async || {
+    let _pe_c = pe(&r, &c, PoolPolicy::RoundRobin).await;
+    until("C as member", WAIT, async || {
         spread(gateway, 4).await.contains_key("C")
     })
     .await;
