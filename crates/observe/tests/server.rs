@@ -3,6 +3,7 @@
 
 use rserpool_observe::server::{bind, Endpoint, Health, Limits};
 use rserpool_observe::{Kind, MetricSet};
+use rserpool_testkit::http::{self, HttpError};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,26 +35,12 @@ async fn start(limits: Limits) -> (SocketAddr, rserpool_observe::server::ServerH
 
 /// One raw request; the status code, the headers (lower case) and the body.
 async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String, String) {
-    // A refused connection (reset at the connection limit) reads as code 0.
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    if s.write_all(request).await.is_err() {
-        return (0, String::new(), String::new());
+    match http::request(addr, request, Duration::from_secs(30)).await {
+        Ok(r) => (r.code, r.head, r.body),
+        // A refused connection (reset at the connection limit) reads as code 0.
+        Err(HttpError::Write(_) | HttpError::Read(_)) => (0, String::new(), String::new()),
+        Err(e) => panic!("{e}"),
     }
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf))
-        .await
-        .expect("the answer within 30 s");
-    if read.is_err() {
-        return (0, String::new(), String::new());
-    }
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, head.to_ascii_lowercase(), body.to_string())
 }
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {
