@@ -7,8 +7,8 @@ mod common;
 
 use common::process::{endpoint_of, start_gateway, start_pe, start_pu};
 use common::{metrics, start};
+use rserpool_testkit::http;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 
 /// Metric name → the label names it carries, from Prometheus text.
 fn families(text: &str) -> BTreeMap<String, BTreeSet<String>> {
@@ -30,13 +30,11 @@ fn families(text: &str) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
+/// The `/metrics` text served at `addr`.
 fn get(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
+    http::get_blocking(addr, "/metrics")
+        .expect("metrics endpoint")
+        .body
 }
 
 /// The metric names a PromQL expression reads, and the labels it groups by.

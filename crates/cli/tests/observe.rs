@@ -7,25 +7,15 @@ mod common;
 
 use common::process::{endpoint_of, start_gateway, start_pe, start_pu, Proc};
 use common::{start, wait_for};
+use rserpool_testkit::http;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::time::Duration;
 
 /// One GET: status code, head (lower case), body.
 fn get(addr: &str, path: &str) -> (u16, String, String) {
-    let mut s = std::net::TcpStream::connect(addr).expect("the endpoint accepts");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("the whole answer");
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, head.to_ascii_lowercase(), body.to_string())
+    let answer = http::get_blocking(addr, path).expect("the whole answer");
+    (answer.code, answer.head, answer.body)
 }
 
 /// Checks the three paths and a 404 of the endpoint at `addr`; the parsed exposition and the
@@ -429,15 +419,8 @@ fn http_limits_are_set_and_checked() {
     );
     drop(silent);
     wait_for("the slot to be free again", Duration::from_secs(60), || {
-        std::net::TcpStream::connect(&addr)
-            .and_then(|mut s| {
-                s.set_read_timeout(Some(Duration::from_secs(30)))?;
-                s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")?;
-                let mut text = String::new();
-                s.read_to_string(&mut text)?;
-                Ok(text.starts_with("HTTP/1.1 200"))
-            })
-            .unwrap_or(false)
+        http::get_blocking(&addr, "/healthz")
+            .is_ok_and(|answer| answer.status_line.starts_with("HTTP/1.1 200"))
     });
 
     let check = |args: &[&str]| {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::process::{start_pe, word_after, Proc, DEADLINE};
-use std::io::{Read, Write};
+use rserpool_testkit::http;
 use std::time::{Duration, Instant};
 
 fn registrar() -> (Proc, String) {
@@ -44,11 +44,7 @@ fn pe(registrar: &str, service: &str, extra: &[&str]) -> (Proc, String) {
 fn metric(pe: &Proc, name: &str) -> u64 {
     let addr = word_after(&pe.out(), "metrics at http://");
     let addr = addr.trim_end_matches("/metrics");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let body = http::get_blocking(addr, "/metrics").unwrap().body;
     body.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .unwrap_or_else(|| panic!("{name} not in:\n{body}"))

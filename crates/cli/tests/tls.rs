@@ -6,11 +6,11 @@
 mod pki;
 
 use pki::{server_names, Names, Pki};
-use rserpool_endpoint::driver::{PoolElementHandle, RegistrarAccess};
-use rserpool_endpoint::pe::PoolElementConfig;
+use rserpool_endpoint::driver::RegistrarAccess;
+use rserpool_testkit::{http, pe_config, registered_pe, LOCALHOST};
 use rserpool_transport::TransportChoice;
-use rserpool_wire::{PoolHandle, PoolPolicy, TransportAddress, UserTransport};
-use std::io::{BufRead, BufReader, Read, Write};
+use rserpool_wire::PoolPolicy;
+use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -88,12 +88,7 @@ impl Registrar {
     }
 
     fn metrics(&self) -> String {
-        let mut s = std::net::TcpStream::connect(self.metrics).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
+        http::get_blocking(self.metrics, "/metrics").unwrap().body
     }
 
     /// Waits until the metric (name with labels) reaches `at_least`.
@@ -219,17 +214,14 @@ pools = ["EchoPool"]
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut access = RegistrarAccess::single(registrar.asap, TransportChoice::Tcp);
     access.endpoint.tls = Some(pki.anonymous().with_identity(&ec, &ek));
-    let mut pe = rt
-        .block_on(PoolElementHandle::start(
-            PoolElementConfig::new(
-                PoolHandle::from("EchoPool"),
-                UserTransport::Address(TransportAddress::tcp(7777, "127.0.0.1".parse().unwrap())),
-                PoolPolicy::RoundRobin,
-            ),
+    let at = SocketAddr::new(LOCALHOST, 7777);
+    let pe = rt
+        .block_on(registered_pe(
             access,
+            pe_config("EchoPool", at, PoolPolicy::RoundRobin),
+            WAIT,
         ))
         .unwrap();
-    assert!(rt.block_on(pe.wait_registered(WAIT)));
 
     let (pc, pk) = pki.issue(
         "pu",

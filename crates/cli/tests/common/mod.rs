@@ -6,6 +6,7 @@
 
 pub mod process;
 
+use rserpool_testkit::http;
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::{
     Codec, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId, RegistrationLife,
@@ -141,14 +142,11 @@ pub fn start_at(
     }
 }
 
+/// The registrar's `/metrics` text; empty when it does not answer (it may be restarting).
 pub fn metrics(r: &Registrar) -> String {
-    let Ok(mut s) = TcpStream::connect(r.metrics) else {
-        return String::new();
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
-    let mut body = String::new();
-    let _ = s.read_to_string(&mut body);
-    body
+    http::get_blocking(r.metrics, "/metrics")
+        .map(|answer| answer.body)
+        .unwrap_or_default()
 }
 
 pub fn metric(r: &Registrar, name: &str) -> u64 {
@@ -166,10 +164,7 @@ pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
         if Instant::now() >= end {
             if let Ok(s) = std::env::var("ENRP_TEST_METRICS") {
                 for m in s.split(',') {
-                    if let Ok(mut c) = TcpStream::connect(m) {
-                        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
-                        let mut body = String::new();
-                        let _ = c.read_to_string(&mut body);
+                    if let Ok(http::Response { body, .. }) = http::get_blocking(m, "/metrics") {
                         eprintln!(
                             "{m}: {}",
                             body.lines()
