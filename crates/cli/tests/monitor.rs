@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::process::{start_pe, word_after, Proc, DEADLINE};
+use common::process::{endpoint_of, start_pe, start_registrar, word_after, Proc, DEADLINE};
 use rserpool_wire::csp::{Association, ComponentGroup, ComponentId, Report, PROTOCOL_SCTP};
 use rserpool_wire::PoolElementId;
 use std::net::UdpSocket;
@@ -28,35 +28,22 @@ fn have(program: &str) -> bool {
 /// addresses.
 fn registrar(extra: &[&str]) -> (Proc, String, String, String) {
     let mut args = vec![
-        "registrar",
-        "--transport",
-        "tcp",
-        "--asap",
-        "127.0.0.1:0",
-        "--asap-announce",
-        "off",
         "--metrics",
         "127.0.0.1:0",
         "--endpoint-keep-alive-transmission-interval",
         "500ms",
     ];
     args.extend_from_slice(extra);
-    let r = Proc::start(&args, None);
-    let text = r.wait_for("serving ASAP over TCP on ");
-    let id = word_after(&text, "registrar ");
-    let asap = word_after(&text, "serving ASAP over TCP on ");
-    let metrics = word_after(&text, "metrics at http://")
-        .trim_end_matches("/metrics")
-        .to_string();
+    let (r, asap) = start_registrar(&args);
+    let id = word_after(&r.wait_for("serving ASAP over TCP on "), "registrar ");
+    let metrics = endpoint_of(&r);
     (r, id, asap, metrics)
 }
 
 /// An echo PE with metrics, registered; its ID and metrics address.
 fn pe(registrar: &str, extra: &[&str]) -> (Proc, String, String) {
     let (p, id) = start_pe(registrar, extra);
-    let metrics = word_after(&p.wait_for("metrics at http://"), "metrics at http://")
-        .trim_end_matches("/metrics")
-        .to_string();
+    let metrics = endpoint_of(&p);
     (p, id, metrics)
 }
 
@@ -162,13 +149,6 @@ fn registrar_and_pe_send_csp_reports() {
 /// A registrar with ENRP, over the TCP mapping, with timers short enough for a test.
 fn enrp_registrar(id: &str, peer: Option<&str>, csp: &str) -> (Proc, String) {
     let mut args = vec![
-        "registrar",
-        "--transport",
-        "tcp",
-        "--asap",
-        "127.0.0.1:0",
-        "--asap-announce",
-        "off",
         "--enrp",
         "127.0.0.1:0",
         "--enrp-announce",
@@ -187,7 +167,7 @@ fn enrp_registrar(id: &str, peer: Option<&str>, csp: &str) -> (Proc, String) {
     if let Some(p) = peer {
         args.extend_from_slice(&["--peer", p]);
     }
-    let r = Proc::start(&args, None);
+    let (r, _) = start_registrar(&args);
     let text = r.wait_for("serving ENRP on ");
     let enrp = word_after(&text, "serving ENRP on ");
     (r, enrp)

@@ -5,32 +5,19 @@
 
 mod common;
 
-use common::process::{start_pe, word_after, Proc, DEADLINE};
+use common::process::{start_pe, start_registrar, word_after, Proc, DEADLINE};
 use rserpool_testkit::http;
 use std::time::{Duration, Instant};
 
 fn registrar() -> (Proc, String) {
-    let r = Proc::start(
-        &[
-            "registrar",
-            "--transport",
-            "tcp",
-            "--asap",
-            "127.0.0.1:0",
-            "--asap-announce",
-            "off",
-            "--min-address-scope",
-            "loopback",
-            "--endpoint-keep-alive-transmission-interval",
-            "1000",
-            "--endpoint-keep-alive-timeout-interval",
-            "1000",
-        ],
-        None,
-    );
-    let text = r.wait_for("serving ASAP over TCP on ");
-    let addr = word_after(&text, "serving ASAP over TCP on ");
-    (r, addr)
+    start_registrar(&[
+        "--min-address-scope",
+        "loopback",
+        "--endpoint-keep-alive-transmission-interval",
+        "1000",
+        "--endpoint-keep-alive-timeout-interval",
+        "1000",
+    ])
 }
 
 /// A PE of `service`; returns it and its identifier once registered.

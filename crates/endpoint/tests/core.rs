@@ -14,10 +14,11 @@ use rserpool_services::{
     AbortReason, CookieRefused, Now, ServerOutput, ServerService, ServiceKind, SessionId,
     SessionInfo,
 };
+use rserpool_testkit::{tcp_pe, LOCALHOST};
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::{
     Codec, CodecConfig, PoolElement, PoolElementId, PoolHandle, PoolPolicy, RegistrarId,
-    RegistrationLife, TransportAddress, UserTransport,
+    TransportAddress, UserTransport,
 };
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -37,17 +38,11 @@ fn dec(b: &[u8]) -> AsapMessage {
     codec().decode::<AsapMessage>(b).unwrap().message
 }
 
+/// A PE of this host on TCP port 5000 + `id`, homed at registrar 1.
 fn pe(id: u32) -> PoolElement {
     PoolElement {
-        id: PoolElementId(id),
         home_registrar: RegistrarId(1),
-        registration_life: RegistrationLife::Finite(Duration::from_secs(90)),
-        user_transport: UserTransport::Address(TransportAddress::tcp(
-            5000 + id as u16,
-            "127.0.0.1".parse().unwrap(),
-        )),
-        policy: PoolPolicy::RoundRobin,
-        asap_transport: None,
+        ..tcp_pe(id, LOCALHOST, 5000 + id as u16)
     }
 }
 

@@ -214,3 +214,22 @@ pub fn start_gateway() -> (Proc, String, tempfile::TempDir) {
     let endpoint = endpoint_of(&p);
     (p, endpoint, dir)
 }
+
+/// `rserpool registrar` over the TCP mapping on 127.0.0.1 with a free port and announces off;
+/// `extra` arguments are appended. The process and its ASAP address (`ADDR:PORT`).
+pub fn start_registrar(extra: &[&str]) -> (Proc, String) {
+    let mut args = vec![
+        "registrar",
+        "--transport",
+        "tcp",
+        "--asap",
+        "127.0.0.1:0",
+        "--asap-announce",
+        "off",
+    ];
+    args.extend_from_slice(extra);
+    let r = Proc::start(&args, None);
+    let text = r.wait_for("serving ASAP over TCP on ");
+    let asap = word_after(&text, "serving ASAP over TCP on ");
+    (r, asap)
+}
