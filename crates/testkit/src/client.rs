@@ -140,8 +140,7 @@ impl AsapClient {
     /// are dropped).
     pub async fn is_up(&mut self) -> bool {
         loop {
-            match tokio::time::timeout(Duration::from_millis(1), self.endpoint.next_event()).await
-            {
+            match tokio::time::timeout(Duration::from_millis(1), self.endpoint.next_event()).await {
                 Ok(Some(Event::AssociationDown { .. })) | Ok(None) => return false,
                 Ok(Some(_)) => continue,
                 Err(_) => return true,

@@ -93,12 +93,18 @@ pub fn request_blocking(
     within: Duration,
 ) -> Result<Response, HttpError> {
     let mut s = TcpStream::connect(addr).map_err(HttpError::Connect)?;
-    s.set_read_timeout(Some(within)).map_err(HttpError::Connect)?;
+    s.set_read_timeout(Some(within))
+        .map_err(HttpError::Connect)?;
     s.write_all(request).map_err(HttpError::Write)?;
     let mut buf = Vec::new();
     match s.read_to_end(&mut buf) {
         Ok(_) => Ok(Response::parse(&buf)),
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
             Err(HttpError::Timeout(within))
         }
         Err(e) => Err(HttpError::Read(e)),

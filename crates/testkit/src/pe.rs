@@ -1,6 +1,6 @@
 //! Pool elements as tests register them: the wire element and the driver's configuration.
 
-use rserpool_endpoint::driver::{PoolElementHandle, PeStatus, RegistrarAccess};
+use rserpool_endpoint::driver::{PeStatus, PoolElementHandle, RegistrarAccess};
 use rserpool_endpoint::pe::PoolElementConfig;
 use rserpool_transport::TransportError;
 use rserpool_wire::{
