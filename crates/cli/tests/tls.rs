@@ -2,18 +2,20 @@
 //! `[tls]` table, PEs and PUs with and without allowed certificates, the refusals counted in
 //! the metrics, and clear errors for bad TLS options.
 
+mod common;
 #[path = "../../transport/tests/common/pki.rs"]
 mod pki;
 
+use common::process::{endpoint_of, word_after, Proc};
 use pki::{server_names, Names, Pki};
 use rserpool_endpoint::driver::RegistrarAccess;
 use rserpool_testkit::{http, pe_config, registered_pe, LOCALHOST};
 use rserpool_transport::TransportChoice;
 use rserpool_wire::PoolPolicy;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Generous: loaded CI machines.
@@ -32,56 +34,24 @@ fn run(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// A registrar process, killed when dropped.
+/// A registrar process (killed when dropped) and its addresses.
 struct Registrar {
-    child: Child,
+    _process: Proc,
     asap: SocketAddr,
     metrics: SocketAddr,
 }
 
-impl Drop for Registrar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Registrar {
     fn start(config: &Path) -> Registrar {
-        let mut child = bin()
-            .args([
-                "registrar",
-                "--config",
-                config.to_str().unwrap(),
-                "--log",
-                "warn",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the registrar starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let process = Proc::start(
+            &["registrar", "--config", path(config), "--log", "warn"],
+            None,
+        );
         // "registrar $… serving ASAP over TCP with TLS on 127.0.0.1:PORT (…), metrics at http://ADDR/metrics"
-        assert!(line.contains("over TCP with TLS on "), "{line}");
-        let asap = line
-            .split("with TLS on ")
-            .nth(1)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap();
-        let metrics = line
-            .split("http://")
-            .nth(1)
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap();
+        let asap = word_after(&process.wait_for(" over TCP with TLS on "), "with TLS on ");
+        let metrics = endpoint_of(&process);
         Registrar {
-            child,
+            _process: process,
             asap: asap.parse().unwrap(),
             metrics: metrics.parse().unwrap(),
         }
@@ -408,34 +378,18 @@ enrp-peers = ["dns:registrar-*.test"]
         ),
     )
     .unwrap();
-    let mut child = bin()
-        .args(["registrar", "--config", path(&config), "--log", "warn"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the registrar starts");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let (mut metrics, mut enrp) = (None, None);
-    while enrp.is_none() {
-        let mut line = String::new();
-        assert_ne!(
-            out.read_line(&mut line).unwrap(),
-            0,
-            "registrar {stem} exited"
-        );
-        if let Some(m) = line.split("http://").nth(1) {
-            metrics = m.split('/').next().map(|m| m.parse().unwrap());
-        }
-        if let Some(e) = line.split("serving ENRP on ").nth(1) {
-            enrp = Some(e.trim().parse::<SocketAddr>().unwrap());
-        }
-    }
+    let process = Proc::start(
+        &["registrar", "--config", path(&config), "--log", "warn"],
+        None,
+    );
+    let enrp = word_after(&process.wait_for("serving ENRP on "), "serving ENRP on ");
+    let metrics = endpoint_of(&process);
     let r = Registrar {
-        child,
+        _process: process,
         asap: "127.0.0.1:0".parse().unwrap(),
-        metrics: metrics.expect("a metrics address"),
+        metrics: metrics.parse().unwrap(),
     };
-    (r, enrp.unwrap())
+    (r, enrp.parse().unwrap())
 }
 
 #[test]
