@@ -1,19 +1,10 @@
 //! The `rserpool` binary as a user runs it: `decode` on the bundled capture, and clear errors on
 //! bad input (the demo of the README's first command has its own file, tests/demo.rs).
 
-use std::process::Command;
+mod common;
 
-fn rserpool(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rserpool"))
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::process::run as rserpool;
+use std::process::Command;
 
 #[test]
 fn decode_reads_the_bundled_rsplib_capture() {

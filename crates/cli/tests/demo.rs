@@ -4,19 +4,15 @@
 //! promises; the output must show each fact. Nothing here asserts a timing: the demo waits for
 //! each condition with generous deadlines and reports the times it measured.
 
-use std::process::Command;
+mod common;
 
+use common::process::run;
+
+/// `rserpool demo` with `args`, to its end.
 fn demo(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rserpool"))
-        .arg("demo")
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut all = vec!["demo"];
+    all.extend_from_slice(args);
+    run(&all)
 }
 
 /// The summary row of `label`: its numbers.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::process::{endpoint_of, start_gateway, start_pe, start_pu, Proc};
+use common::process::{endpoint_of, run, start_gateway, start_pe, start_pu, Proc};
 use common::{start, wait_for};
 use rserpool_testkit::http;
 use std::collections::{BTreeMap, BTreeSet};
@@ -175,19 +175,11 @@ fn every_daemon_serves_metrics_status_and_healthz() {
     assert_eq!(doc["members"][0]["address"], "127.0.0.1:9", "{doc}");
 
     // The monitor reads all four and shows the PU beside the pool's PE.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rserpool"))
-        .args([
-            "monitor", "--once", "--csp", "off", "--status", &reg_addr, "--status", pe_addr,
-            "--status", pu_addr, "--status", gw_addr,
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text, err) = run(&[
+        "monitor", "--once", "--csp", "off", "--status", &reg_addr, "--status", pe_addr,
+        "--status", pu_addr, "--status", gw_addr,
+    ]);
+    assert!(ok, "{text}\n{err}");
     let pool_line = text
         .lines()
         .find(|l| l.contains("PingPongPool") && l.contains(&format!("http://{reg_addr}")))
@@ -424,12 +416,9 @@ fn http_limits_are_set_and_checked() {
     });
 
     let check = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rserpool"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{args:?} must be refused");
-        String::from_utf8_lossy(&out.stderr).to_string()
+        let (ok, _, err) = run(args);
+        assert!(!ok, "{args:?} must be refused");
+        err
     };
     let err = check(&[
         "registrar",

@@ -6,7 +6,7 @@ mod common;
 #[path = "../../transport/tests/common/pki.rs"]
 mod pki;
 
-use common::process::{endpoint_of, word_after, Proc};
+use common::process::{endpoint_of, run, word_after, Proc};
 use pki::{server_names, Names, Pki};
 use rserpool_endpoint::driver::RegistrarAccess;
 use rserpool_testkit::{http, pe_config, registered_pe, LOCALHOST};
@@ -23,15 +23,6 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rserpool"))
-}
-
-fn run(args: &[&str]) -> (bool, String, String) {
-    let out = bin().args(args).output().expect("the binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// A registrar process (killed when dropped) and its addresses.

@@ -233,3 +233,16 @@ pub fn start_registrar(extra: &[&str]) -> (Proc, String) {
     let asap = word_after(&text, "serving ASAP over TCP on ");
     (r, asap)
 }
+
+/// Runs `rserpool` with `args` to its end: whether it succeeded, its stdout and its stderr.
+pub fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rserpool"))
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
