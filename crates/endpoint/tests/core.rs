@@ -554,8 +554,113 @@ fn the_server_sends_business_cards_and_refuses_bad_input() {
             cookie: vec![1],
         })),
     );
-    assert_eq!(srv.poll_action(), Some(ServerAction::Abort(4)));
+    // It is answered with an ASAP_ERROR (invalid values) before the abort.
+    let a: Vec<_> = std::iter::from_fn(|| srv.poll_action()).collect();
+    let [ServerAction::Transmit {
+        session: 4,
+        ppid: 11,
+        data,
+        ..
+    }, ServerAction::Abort(4)] = &a[..]
+    else {
+        panic!("{a:?}")
+    };
+    let AsapMessage::Error(e) = dec(data) else {
+        panic!()
+    };
+    assert_eq!(
+        e.error.causes[0].code,
+        rserpool_wire::CauseCode::InvalidValues
+    );
     assert_eq!(srv.stats().service_aborts, 1);
+    assert_eq!(srv.stats().cookie_echoes_refused, 1);
+}
+
+/// A signed cookie that was altered on its way, or sealed under another key, is refused with
+/// ASAP_ERROR "rejected due to security considerations" (0xa) before the abort, so that the
+/// pool user learns why (found by the simulator's `cookie_authentic`: the PE aborted in
+/// silence); the cookie as issued is accepted.
+#[test]
+fn a_tampered_signed_cookie_is_refused_with_the_security_cause() {
+    use rserpool_services::cookie::{CookieKey, HmacSeal};
+    use rserpool_services::pingpong::{PingPongServer, PingPongServerConfig};
+    use std::sync::Arc;
+    let server = |key: &[u8]| {
+        let seal = HmacSeal::new(
+            CookieKey::new(key.to_vec()).unwrap(),
+            Duration::from_secs(60),
+        );
+        SessionServer::new(
+            ServerConfig::default(),
+            Box::new(PingPongServer::with_seal(
+                PingPongServerConfig::default(),
+                Arc::new(seal),
+            )),
+        )
+    };
+    let pu = Some(b"10.2.0.1".to_vec());
+    let ping =
+        rserpool_services::pingpong::PingPongMessage::Ping(rserpool_services::pingpong::Ping {
+            flags: 0,
+            message_no: 1,
+            data: b"x".to_vec(),
+        })
+        .encode()
+        .unwrap();
+    // PE A issues a cookie after its Pong.
+    let mut a = server(b"the pool's key of 32 bytes......");
+    a.accept(t(MS), 1, pu.clone());
+    a.message(t(2 * MS), 1, rserpool_services::PPID_PINGPONG, 0, &ping);
+    let cookie = std::iter::from_fn(|| a.poll_action())
+        .find_map(|x| match x {
+            ServerAction::Transmit { ppid: 11, data, .. } => match dec(&data) {
+                AsapMessage::Cookie(c) => Some(c.cookie),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("a cookie after the Pong");
+    let echo = |c: &[u8]| {
+        enc(&AsapMessage::CookieEcho(asap::CookieEcho {
+            cookie: c.to_vec(),
+        }))
+    };
+    let verdict = |srv: &mut SessionServer, session: u64, c: &[u8]| {
+        srv.accept(t(3 * MS), session, pu.clone());
+        while srv.poll_action().is_some() {}
+        srv.message(t(4 * MS), session, 11, 0, &echo(c));
+        let a: Vec<_> = std::iter::from_fn(|| srv.poll_action()).collect();
+        match &a[..] {
+            [ServerAction::Transmit { ppid: 11, data, .. }, ServerAction::Abort(s)]
+                if *s == session =>
+            {
+                let AsapMessage::Error(e) = dec(data) else {
+                    panic!("{a:?}")
+                };
+                Some(e.error.causes[0].code)
+            }
+            [] => None,
+            _ => panic!("{a:?}"),
+        }
+    };
+    let mut b = server(b"the pool's key of 32 bytes......");
+    let mut altered = cookie.clone();
+    let last = altered.len() - 1;
+    altered[last] ^= 1;
+    assert_eq!(
+        verdict(&mut b, 1, &altered),
+        Some(rserpool_wire::CauseCode::RejectedSecurity)
+    );
+    let mut other = server(b"another key, not the pool's.....");
+    assert_eq!(
+        verdict(&mut other, 1, &cookie),
+        Some(rserpool_wire::CauseCode::RejectedSecurity)
+    );
+    assert_eq!(
+        verdict(&mut b, 2, &cookie),
+        None,
+        "the cookie as issued is accepted"
+    );
 }
 
 fn addr(s: &str) -> SocketAddr {
