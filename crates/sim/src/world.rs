@@ -12,8 +12,8 @@ use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
 use rserpool_endpoint::pu::{RequestId, Resolver, ResolverConfig, ResolverEvent};
 use rserpool_endpoint::server::{ServerAction, ServerConfig, ServerEvent, SessionServer};
 use rserpool_endpoint::session::{
-    FailoverReason, Outcome as SessionOutcome, PoolUserSession, SessionAction, SessionConfig,
-    SessionEvent,
+    CandidateSource, FailoverReason, Outcome as SessionOutcome, PoolUserSession, SessionAction,
+    SessionConfig, SessionEvent,
 };
 use rserpool_registrar::enrp::{Enrp, EnrpConfig, EnrpDestination, EnrpEvent, Source};
 use rserpool_registrar::{
@@ -194,6 +194,8 @@ struct PeHost {
     sessions: BTreeSet<u64>,
     /// CalcApp jobs it runs now, as its service reported them: (session association, job).
     jobs: BTreeSet<(u64, u32)>,
+    /// The PEs its business card names, in failover order (empty: it sends none).
+    card: Vec<usize>,
 }
 
 /// The application of a session: PingPong or CalcApp.
@@ -254,6 +256,13 @@ struct SimSession {
     moving_since: Option<Duration>,
     /// When a Ping was last sent or answered, or the session last got a PE (global time).
     last_progress: Duration,
+    /// The PEs of the last business card received, less those selected since, in order: what
+    /// the next failover must choose from (`business_card_candidates`).
+    card_left: Vec<PoolElementId>,
+    /// The PE the application asked to leave, until the next PE is selected.
+    requested_from: Option<PoolElementId>,
+    /// Why the failover under way started (the receipt must say the same).
+    failing_because: Option<FailoverReason>,
 }
 
 struct PuHost {
@@ -324,6 +333,10 @@ pub struct World {
     /// CalcApp cookies echoed on session associations: what a PE resuming the job must start
     /// from.
     echoed_jobs: BTreeMap<u64, CalcAppCookie>,
+    /// Every cookie a PE sent, by its bytes: who sealed it, for whom, when.
+    issued: BTreeMap<Vec<u8>, sessions::CookieOrigin>,
+    /// Per session association: whether the PE must accept the cookie echoed there, and why.
+    verdicts: BTreeMap<u64, (bool, String)>,
 }
 
 impl World {
@@ -367,6 +380,8 @@ impl World {
             last_probed: BTreeMap::new(),
             expect_echo: BTreeMap::new(),
             echoed_jobs: BTreeMap::new(),
+            issued: BTreeMap::new(),
+            verdicts: BTreeMap::new(),
         };
         w.build();
         w
@@ -413,6 +428,7 @@ impl World {
                 server: None,
                 sessions: BTreeSet::new(),
                 jobs: BTreeSet::new(),
+                card: Vec::new(),
             });
         }
         for k in 0..self.cfg.pool_users {
@@ -490,6 +506,8 @@ impl World {
         }
         self.schedule(self.cfg.chaos, Ev::EndChaos);
         self.schedule(self.cfg.chaos + self.cfg.quiet, Ev::Finish);
+        // Drawn only when the seed has business cards (a seed without runs as before them).
+        self.draw_business_cards();
     }
 
     fn hosts(&self) -> Vec<HostId> {
@@ -1196,9 +1214,10 @@ impl World {
                         let mut backwards = None;
                         if let Some(c) = s.core.cookie() {
                             self.expect_echo.insert(id, c.to_vec());
-                            if let (Client::CalcApp(_), Ok(cookie)) =
-                                (&s.client, CalcAppCookie::decode(c))
-                            {
+                            if let (Client::CalcApp(_), Ok(cookie)) = (
+                                &s.client,
+                                CalcAppCookie::decode(sessions::cookie_payload(c)),
+                            ) {
                                 // The progress a cookie holds never goes back for its job.
                                 let floor = s.jobs.echoed.entry(cookie.job_id).or_insert(0);
                                 if cookie.completed < *floor {
@@ -1557,6 +1576,8 @@ impl World {
                     return;
                 }
             }
+            let tampered = self.cookie_echo_arrives(j, id, bytes);
+            let bytes = tampered.as_deref().unwrap_or(bytes);
             let mutated = self.reset_calcapp_echo(bytes);
             let bytes = mutated.as_deref().unwrap_or(bytes);
             let p = &mut self.pes[j];
@@ -1590,8 +1611,10 @@ impl World {
         let now = self.local(HostId::PoolUser(k));
         if service == Service::Session {
             if let (Some(n), Some((ppid, m))) = (self.session_of(k, id), unframe(bytes)) {
-                let s = self.pus[k].sessions[n].as_mut().expect("present");
-                s.core.message(now, ppid, 0, m);
+                if self.control_message_arrives(k, n, ppid, m) {
+                    let s = self.pus[k].sessions[n].as_mut().expect("present");
+                    s.core.message(now, ppid, 0, m);
+                }
                 self.pump_session(k, n);
             }
             self.flush(HostId::PoolUser(k));
@@ -2050,21 +2073,9 @@ impl World {
         }
         let mut core = PoolElementCore::new(pc, &mut self.rng);
         core.start(now);
-        let failure_after = self.cfg.pingpong_failure_after;
-        let service: Box<dyn rserpool_services::ServerService> =
-            if self.is_calcapp_pool(&self.pes[j].pool) {
-                Box::new(CalcAppServer::new(CalcAppServerConfig {
-                    max_jobs: self.cfg.calcapp_max_jobs,
-                    ..CalcAppServerConfig::default()
-                }))
-            } else {
-                Box::new(PingPongServer::new(PingPongServerConfig {
-                    failure_after,
-                    ..PingPongServerConfig::default()
-                }))
-            };
+        let server = self.pe_server(j);
         let p = &mut self.pes[j];
-        p.server = Some(SessionServer::new(ServerConfig::default(), service));
+        p.server = Some(server);
         p.jobs.clear();
         p.core = Some(core);
         p.alive = true;
