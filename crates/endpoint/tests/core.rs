@@ -189,6 +189,95 @@ fn failover_echoes_the_last_cookie_before_any_data() {
     assert_eq!(st.unreachable_reported, 1);
 }
 
+/// A PE that refuses the cookie echoed to it (ASAP_ERROR before anything else) is left
+/// without being reported unreachable, the next PE gets the same cookie, and each refusal is
+/// an attempt of the failover: a cookie every PE refuses ends the session with that cause
+/// (before, the refusal was only counted as a protocol error; the PE's abort then started a
+/// fresh failover with a fresh count of attempts, as "association lost" with the PE reported
+/// unreachable, so a cookie every PE refuses moved the session round them without end).
+#[test]
+fn a_refused_cookie_is_an_attempt_and_ends_the_session_when_every_pe_refuses() {
+    let mut config = SessionConfig::new(pool());
+    config.max_attempts = 2;
+    let mut s = opened(config);
+    s.message(
+        3 * MS,
+        11,
+        0,
+        &enc(&AsapMessage::Cookie(asap::Cookie {
+            cookie: b"state".to_vec(),
+        })),
+    );
+    s.association_lost(4 * MS, "peer aborted".into());
+    let _ = (actions(&mut s), events(&mut s));
+    let refusal = enc(&AsapMessage::Error(asap::AsapError {
+        error: rserpool_wire::OperationError {
+            causes: vec![rserpool_wire::ErrorCause::new(
+                rserpool_wire::CauseCode::RejectedSecurity,
+            )],
+        },
+    }));
+    // B takes the association, answers the echo with a refusal.
+    s.connected(5 * MS);
+    let _ = (actions(&mut s), events(&mut s));
+    s.message(6 * MS, 11, 0, &refusal);
+    let a = actions(&mut s);
+    assert_eq!(
+        a,
+        vec![SessionAction::Abort, SessionAction::Connect(pe(3))],
+        "B is left unreported, C is next"
+    );
+    let ev = events(&mut s);
+    assert!(
+        matches!(
+            &ev[..],
+            [SessionEvent::FailoverStarted {
+                from: PoolElementId(2),
+                reason: FailoverReason::CookieRefused(_),
+                has_cookie: true
+            }]
+        ),
+        "{ev:?}"
+    );
+    // C refuses too: B's and C's refusals use up the 2 attempts of the failover from A.
+    s.connected(7 * MS);
+    let a = actions(&mut s);
+    assert!(
+        matches!(&a[0], SessionAction::Transmit { ppid: 11, data, .. }
+            if dec(data) == AsapMessage::CookieEcho(asap::CookieEcho { cookie: b"state".to_vec() })),
+        "the same cookie: {a:?}"
+    );
+    let _ = events(&mut s);
+    s.message(8 * MS, 11, 0, &refusal);
+    assert!(s.is_ended());
+    let Some(Outcome::Failed { reason }) = &s.receipt().outcome else {
+        panic!("{:?}", s.receipt())
+    };
+    assert!(
+        reason.contains("refused") || reason.contains("ASAP_ERROR"),
+        "{reason}"
+    );
+    assert_eq!(s.stats().cookies_refused_by_pe, 2);
+    assert_eq!(s.stats().unreachable_reported, 1, "only A, which failed");
+    // A PE that takes the cookie and answers is not affected by a later error.
+    let mut s = opened(SessionConfig::new(pool()));
+    s.message(
+        3 * MS,
+        11,
+        0,
+        &enc(&AsapMessage::Cookie(asap::Cookie {
+            cookie: b"state".to_vec(),
+        })),
+    );
+    s.association_lost(4 * MS, "peer aborted".into());
+    s.connected(5 * MS);
+    s.message(6 * MS, 33, 0, b"pong");
+    let _ = (actions(&mut s), events(&mut s));
+    s.message(7 * MS, 11, 0, &refusal);
+    assert!(s.is_bound());
+    assert_eq!(s.stats().protocol_errors, 1);
+}
+
 #[test]
 fn retries_are_bounded_with_backoff_and_end_in_a_clear_failure() {
     let mut config = SessionConfig::new(pool());
