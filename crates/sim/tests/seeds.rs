@@ -532,3 +532,21 @@ fn the_checker_catches_a_requested_failover_with_the_wrong_reason() {
     .expect("a mislabelled requested failover went unnoticed");
     assert_eq!(f.invariant, "failover_reason", "{f}");
 }
+
+/// Seeds that broke `calcapp_job_once` when CalcApp jobs began to arrive over time: the
+/// client's job generator ran past the jobs asked for (fixed in `rserpool_services::calcapp`).
+/// They run as drawn, every session feature of the seed on.
+const SESSION_REGRESSION_SEEDS: &[u64] = &[1026, 1031, 1054];
+
+#[test]
+fn session_regression_seeds() {
+    let outcomes: Vec<Outcome> = SESSION_REGRESSION_SEEDS
+        .iter()
+        .map(|&s| run(SimConfig::from_seed(s)))
+        .collect();
+    assert!(
+        outcomes.iter().all(|o| o.stats.jobs > 0),
+        "the seeds run CalcApp jobs"
+    );
+    report(&outcomes);
+}
