@@ -1180,11 +1180,7 @@ impl ClientService for CalcAppClient {
             // With `jobs`, the generator stops once that many jobs were queued: the client
             // finishes when they are complete, and a job generated beyond them would be left
             // in the queue, never run and never reported.
-            if self
-                .config
-                .jobs
-                .is_some_and(|n| self.counters.queued >= n)
-            {
+            if self.config.jobs.is_some_and(|n| self.counters.queued >= n) {
                 self.next_job_at = None;
             }
         }

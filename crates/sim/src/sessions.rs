@@ -93,14 +93,14 @@ impl World {
             CookieKey::new(format!("rserpool-sim cookie key of {what}, seed {seed}").into_bytes())
                 .expect("longer than the minimum")
         };
-        let seal: Arc<dyn CookieSeal> = match self.seal_of(j) {
-            SealKind::Plain => Arc::new(PlainSeal::default()),
-            kind => {
-                let k = match kind {
-                    SealKind::Own(n) => key(format!("PE{n}")),
-                    SealKind::Pool(n) => key(format!("Pool{n}")),
-                    SealKind::Plain => unreachable!(),
-                };
+        let key = match self.seal_of(j) {
+            SealKind::Plain => None,
+            SealKind::Own(n) => Some(key(format!("PE{n}"))),
+            SealKind::Pool(n) => Some(key(format!("Pool{n}"))),
+        };
+        let seal: Arc<dyn CookieSeal> = match key {
+            None => Arc::new(PlainSeal::default()),
+            Some(k) => {
                 let hmac = HmacSeal::new(k, self.cfg.cookie_lifetime);
                 if self.cfg.mutation == Some(Mutation::UncheckedCookieSeal) {
                     Arc::new(UncheckedSeal(hmac))
