@@ -256,7 +256,9 @@ pub struct SimConfig {
 impl SimConfig {
     /// A run drawn from `seed`: network quality, faults, whether announces and ENRP multicast
     /// are on, and sizes (3–5 registrars, 6–16 PEs, 1–3 PUs, 0–2 sessions per PU); in half of
-    /// the seeds the last pool runs CalcApp.
+    /// the seeds the last pool runs CalcApp; drawn last, business cards, signed cookies (with
+    /// tampering), manual and requested failovers and CalcApp jobs over time, each in a share
+    /// of the seeds (docs/simulation.md).
     pub fn from_seed(seed: u64) -> Self {
         let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c0f1_9000_0000);
         let lossy = r.random_bool(0.5);
