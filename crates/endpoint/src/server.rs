@@ -2,12 +2,16 @@
 //! connect to the PE's user transport; on each association data and the ASAP control channel
 //! (PPID 11) travel together. The core separates the two, hands data and ASAP_COOKIE_ECHO to
 //! the PE's service, sends the service's ASAP_COOKIEs (the service decides when), and sends an
-//! ASAP_BUSINESS_CARD to each new session when one is configured.
+//! ASAP_BUSINESS_CARD to each new session when one is configured. A cookie echo the service
+//! refuses is answered with an ASAP_ERROR naming the cause ([`refusal_cause`]) before the abort.
 //!
 //! The service is an [`rserpool_services::ServerService`]: one instance for the whole PE,
 //! sessions told apart by the driver's association number.
 
-use rserpool_services::{Now, ServerOutput, ServerReport, ServerService, SessionId, SessionInfo};
+use rserpool_services::cookie::SealError;
+use rserpool_services::{
+    CookieRefused, Now, ServerOutput, ServerReport, ServerService, SessionId, SessionInfo,
+};
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::{
     CauseCode, Codec, CodecConfig, ErrorCause, Message, OperationError, PoolElement, PoolHandle,
@@ -317,11 +321,15 @@ impl SessionServer {
                 self.stats.cookie_echoes += 1;
                 let result = self
                     .service
-                    .handle_cookie_echo(now, SessionId(session), &c.cookie)
-                    .map_err(|e| e.to_string());
-                if result.is_err() {
+                    .handle_cookie_echo(now, SessionId(session), &c.cookie);
+                if let Err(e) = &result {
+                    // RFC 5352 §2.2.14: tell the pool user why before the service's abort (the
+                    // service's outputs are drained after this), so that it can tell a refused
+                    // cookie from a failed PE.
                     self.stats.cookie_echoes_refused += 1;
+                    self.send_error(session, ErrorCause::new(refusal_cause(e)));
                 }
+                let result = result.map_err(|e| e.to_string());
                 self.events.push_back(ServerEvent::CookieEcho {
                     session,
                     len: c.cookie.len(),
@@ -446,5 +454,21 @@ impl SessionServer {
             // Outputs of close_session are picked up by the next drain.
             self.service.close_session(now, SessionId(session));
         }
+    }
+}
+
+/// The ASAP error cause that answers a refused cookie echo: a cookie that failed its seal's
+/// verification (unknown key, bad MAC, expired, bound to another pool user) is refused for
+/// security reasons (0xa, RFC 5352 §2.2.14); one that is not a well-formed cookie of this
+/// service carries invalid values (0x3).
+pub fn refusal_cause(refused: &CookieRefused) -> CauseCode {
+    match refused {
+        CookieRefused::Seal(SealError::Malformed { .. } | SealError::TooLarge { .. }) => {
+            CauseCode::InvalidValues
+        }
+        CookieRefused::Seal(_) => CauseCode::RejectedSecurity,
+        CookieRefused::Malformed(_) | CookieRefused::Invalid(_) => CauseCode::InvalidValues,
+        CookieRefused::NotSupported => CauseCode::UnrecognizedMessage,
+        _ => CauseCode::Unspecified,
     }
 }

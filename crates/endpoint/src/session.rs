@@ -16,8 +16,8 @@
 
 use rserpool_wire::asap::{self, AsapMessage};
 use rserpool_wire::{
-    Codec, CodecConfig, Message, PoolElement, PoolElementId, PoolHandle, PoolPolicy, Protocol,
-    TransportProtocol,
+    CauseCode, Codec, CodecConfig, Message, PoolElement, PoolElementId, PoolHandle, PoolPolicy,
+    Protocol, TransportProtocol,
 };
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -94,11 +94,17 @@ pub enum FailoverReason {
     Rejected,
     /// The PE sent something on the control channel that cannot be decoded.
     ProtocolError(String),
+    /// The PE refused the cookie echoed to it (an ASAP_ERROR, invalid values or rejected for
+    /// security reasons, before anything else): another PE is tried with the same cookie,
+    /// nobody is reported (the PE is alive), and the refusal counts as an attempt of the
+    /// failover that brought the session there, so that a cookie every PE refuses ends the
+    /// session with this cause instead of moving it round for ever.
+    CookieRefused(String),
 }
 
 impl FailoverReason {
     /// A short label for metrics: `association_lost`, `no_answer`, `connect_failed`,
-    /// `requested`, `protocol_error`.
+    /// `requested`, `rejected`, `protocol_error`, `cookie_refused`.
     pub fn label(&self) -> &'static str {
         match self {
             FailoverReason::AssociationLost(_) => "association_lost",
@@ -107,13 +113,17 @@ impl FailoverReason {
             FailoverReason::Requested => "requested",
             FailoverReason::Rejected => "rejected",
             FailoverReason::ProtocolError(_) => "protocol_error",
+            FailoverReason::CookieRefused(_) => "cookie_refused",
         }
     }
 
     /// Whether the PE is to be reported unreachable (RFC 5352 §3.5): it failed, rather than
     /// being left on request.
     pub fn pe_failed(&self) -> bool {
-        !matches!(self, FailoverReason::Requested | FailoverReason::Rejected)
+        !matches!(
+            self,
+            FailoverReason::Requested | FailoverReason::Rejected | FailoverReason::CookieRefused(_)
+        )
     }
 }
 
@@ -126,6 +136,7 @@ impl fmt::Display for FailoverReason {
             FailoverReason::Requested => f.write_str("requested"),
             FailoverReason::Rejected => f.write_str("rejected by the PE"),
             FailoverReason::ProtocolError(r) => write!(f, "protocol error ({r})"),
+            FailoverReason::CookieRefused(r) => write!(f, "cookie refused ({r})"),
         }
     }
 }
@@ -244,6 +255,8 @@ pub struct SessionStats {
     pub messages_received: u64,
     /// Control-channel messages that could not be decoded or were not expected.
     pub protocol_errors: u64,
+    /// Cookie echoes a PE refused (ASAP_ERROR in answer).
+    pub cookies_refused_by_pe: u64,
 }
 
 /// What the driver must do.
@@ -392,6 +405,9 @@ pub struct PoolUserSession {
     events: VecDeque<SessionEvent>,
     receipt: Receipt,
     stats: SessionStats,
+    /// The failover that bound the session with a cookie echo the PE has not yet answered
+    /// (no data, no cookie from it yet): a refusal continues it.
+    echo_pending: Option<Moving>,
 }
 
 impl PoolUserSession {
@@ -412,6 +428,7 @@ impl PoolUserSession {
             events: VecDeque::new(),
             receipt: Receipt::default(),
             stats: SessionStats::default(),
+            echo_pending: None,
         }
     }
 
@@ -636,6 +653,7 @@ impl PoolUserSession {
         } else {
             false
         };
+        self.echo_pending = if with_cookie { moving.clone() } else { None };
         self.state = State::Bound { pe: pe.clone() };
         match moving {
             Some(Moving {
@@ -700,6 +718,8 @@ impl PoolUserSession {
             self.stats.reached += 1;
         }
         if ppid != Protocol::Asap.ppid() {
+            // The PE serves: it took the cookie.
+            self.echo_pending = None;
             self.stats.messages_received += 1;
             self.events.push_back(SessionEvent::Data {
                 ppid,
@@ -731,6 +751,7 @@ impl PoolUserSession {
                     )));
                     return;
                 }
+                self.echo_pending = None;
                 self.stats.cookies += 1;
                 self.events.push_back(SessionEvent::Cookie {
                     len: c.cookie.len(),
@@ -758,11 +779,28 @@ impl PoolUserSession {
                 self.business_card = pes;
             }
             AsapMessage::Error(e) => {
-                self.stats.protocol_errors += 1;
-                self.events.push_back(SessionEvent::ProtocolError(format!(
-                    "PE {pe_id} sent ASAP_ERROR [{}]",
-                    e.error
-                )));
+                let refusal = e.error.causes.iter().any(|c| {
+                    matches!(
+                        c.code,
+                        CauseCode::InvalidValues | CauseCode::RejectedSecurity
+                    )
+                });
+                match self.echo_pending.take() {
+                    // The answer to the cookie echo (RFC 5352 §2.2.14): the PE refused it.
+                    Some(previous) if refusal => {
+                        self.stats.cookies_refused_by_pe += 1;
+                        let why = format!("PE {pe_id} sent ASAP_ERROR [{}]", e.error);
+                        self.cookie_refused(now, previous, why);
+                    }
+                    pending => {
+                        self.echo_pending = pending;
+                        self.stats.protocol_errors += 1;
+                        self.events.push_back(SessionEvent::ProtocolError(format!(
+                            "PE {pe_id} sent ASAP_ERROR [{}]",
+                            e.error
+                        )));
+                    }
+                }
             }
             other => {
                 self.stats.protocol_errors += 1;
@@ -841,6 +879,7 @@ impl PoolUserSession {
             return;
         };
         let from = pe.id;
+        self.echo_pending = None;
         self.actions.push_back(SessionAction::Abort);
         if reason.pe_failed() {
             self.report_unreachable(from);
@@ -874,6 +913,39 @@ impl PoolUserSession {
                 has_cookie: self.cookie.is_some(),
             });
         }
+    }
+
+    /// The bound PE refused the cookie echoed to it: leave it (nobody is reported) and go on
+    /// with the failover that brought the session here, this PE counted as one more failed
+    /// attempt of it.
+    fn cookie_refused(&mut self, now: Duration, previous: Moving, why: String) {
+        let State::Bound { pe } = &self.state else {
+            return;
+        };
+        let from = pe.id;
+        self.actions.push_back(SessionAction::Abort);
+        self.awaiting_since = None;
+        self.receipt.bound = None;
+        self.receipt.reached = None;
+        self.business_card.retain(|p| p.id != from);
+        self.cached.retain(|p| p.id != from);
+        let reason = FailoverReason::CookieRefused(why.clone());
+        let mut tried = previous.tried;
+        tried.insert(from);
+        self.moving = Some(Moving {
+            from: Some(from),
+            reason: reason.clone(),
+            started: now,
+            attempts: previous.attempts,
+            tried,
+        });
+        self.events.push_back(SessionEvent::FailoverStarted {
+            from,
+            reason,
+            has_cookie: self.cookie.is_some(),
+        });
+        self.state = State::Waiting { until: now };
+        self.attempt_failed(now, why);
     }
 
     fn attempt_failed(&mut self, now: Duration, why: String) {

@@ -184,6 +184,95 @@ fn failover_echoes_the_last_cookie_before_any_data() {
     assert_eq!(st.unreachable_reported, 1);
 }
 
+/// A PE that refuses the cookie echoed to it (ASAP_ERROR before anything else) is left
+/// without being reported unreachable, the next PE gets the same cookie, and each refusal is
+/// an attempt of the failover: a cookie every PE refuses ends the session with that cause
+/// (before, the refusal was only counted as a protocol error; the PE's abort then started a
+/// fresh failover with a fresh count of attempts, as "association lost" with the PE reported
+/// unreachable, so a cookie every PE refuses moved the session round them without end).
+#[test]
+fn a_refused_cookie_is_an_attempt_and_ends_the_session_when_every_pe_refuses() {
+    let mut config = SessionConfig::new(pool());
+    config.max_attempts = 2;
+    let mut s = opened(config);
+    s.message(
+        3 * MS,
+        11,
+        0,
+        &enc(&AsapMessage::Cookie(asap::Cookie {
+            cookie: b"state".to_vec(),
+        })),
+    );
+    s.association_lost(4 * MS, "peer aborted".into());
+    let _ = (actions(&mut s), events(&mut s));
+    let refusal = enc(&AsapMessage::Error(asap::AsapError {
+        error: rserpool_wire::OperationError {
+            causes: vec![rserpool_wire::ErrorCause::new(
+                rserpool_wire::CauseCode::RejectedSecurity,
+            )],
+        },
+    }));
+    // B takes the association, answers the echo with a refusal.
+    s.connected(5 * MS);
+    let _ = (actions(&mut s), events(&mut s));
+    s.message(6 * MS, 11, 0, &refusal);
+    let a = actions(&mut s);
+    assert_eq!(
+        a,
+        vec![SessionAction::Abort, SessionAction::Connect(pe(3))],
+        "B is left unreported, C is next"
+    );
+    let ev = events(&mut s);
+    assert!(
+        matches!(
+            &ev[..],
+            [SessionEvent::FailoverStarted {
+                from: PoolElementId(2),
+                reason: FailoverReason::CookieRefused(_),
+                has_cookie: true
+            }]
+        ),
+        "{ev:?}"
+    );
+    // C refuses too: B's and C's refusals use up the 2 attempts of the failover from A.
+    s.connected(7 * MS);
+    let a = actions(&mut s);
+    assert!(
+        matches!(&a[0], SessionAction::Transmit { ppid: 11, data, .. }
+            if dec(data) == AsapMessage::CookieEcho(asap::CookieEcho { cookie: b"state".to_vec() })),
+        "the same cookie: {a:?}"
+    );
+    let _ = events(&mut s);
+    s.message(8 * MS, 11, 0, &refusal);
+    assert!(s.is_ended());
+    let Some(Outcome::Failed { reason }) = &s.receipt().outcome else {
+        panic!("{:?}", s.receipt())
+    };
+    assert!(
+        reason.contains("refused") || reason.contains("ASAP_ERROR"),
+        "{reason}"
+    );
+    assert_eq!(s.stats().cookies_refused_by_pe, 2);
+    assert_eq!(s.stats().unreachable_reported, 1, "only A, which failed");
+    // A PE that takes the cookie and answers is not affected by a later error.
+    let mut s = opened(SessionConfig::new(pool()));
+    s.message(
+        3 * MS,
+        11,
+        0,
+        &enc(&AsapMessage::Cookie(asap::Cookie {
+            cookie: b"state".to_vec(),
+        })),
+    );
+    s.association_lost(4 * MS, "peer aborted".into());
+    s.connected(5 * MS);
+    s.message(6 * MS, 33, 0, b"pong");
+    let _ = (actions(&mut s), events(&mut s));
+    s.message(7 * MS, 11, 0, &refusal);
+    assert!(s.is_bound());
+    assert_eq!(s.stats().protocol_errors, 1);
+}
+
 #[test]
 fn retries_are_bounded_with_backoff_and_end_in_a_clear_failure() {
     let mut config = SessionConfig::new(pool());
@@ -549,8 +638,113 @@ fn the_server_sends_business_cards_and_refuses_bad_input() {
             cookie: vec![1],
         })),
     );
-    assert_eq!(srv.poll_action(), Some(ServerAction::Abort(4)));
+    // It is answered with an ASAP_ERROR (invalid values) before the abort.
+    let a: Vec<_> = std::iter::from_fn(|| srv.poll_action()).collect();
+    let [ServerAction::Transmit {
+        session: 4,
+        ppid: 11,
+        data,
+        ..
+    }, ServerAction::Abort(4)] = &a[..]
+    else {
+        panic!("{a:?}")
+    };
+    let AsapMessage::Error(e) = dec(data) else {
+        panic!()
+    };
+    assert_eq!(
+        e.error.causes[0].code,
+        rserpool_wire::CauseCode::InvalidValues
+    );
     assert_eq!(srv.stats().service_aborts, 1);
+    assert_eq!(srv.stats().cookie_echoes_refused, 1);
+}
+
+/// A signed cookie that was altered on its way, or sealed under another key, is refused with
+/// ASAP_ERROR "rejected due to security considerations" (0xa) before the abort, so that the
+/// pool user learns why (found by the simulator's `cookie_authentic`: the PE aborted in
+/// silence); the cookie as issued is accepted.
+#[test]
+fn a_tampered_signed_cookie_is_refused_with_the_security_cause() {
+    use rserpool_services::cookie::{CookieKey, HmacSeal};
+    use rserpool_services::pingpong::{PingPongServer, PingPongServerConfig};
+    use std::sync::Arc;
+    let server = |key: &[u8]| {
+        let seal = HmacSeal::new(
+            CookieKey::new(key.to_vec()).unwrap(),
+            Duration::from_secs(60),
+        );
+        SessionServer::new(
+            ServerConfig::default(),
+            Box::new(PingPongServer::with_seal(
+                PingPongServerConfig::default(),
+                Arc::new(seal),
+            )),
+        )
+    };
+    let pu = Some(b"10.2.0.1".to_vec());
+    let ping =
+        rserpool_services::pingpong::PingPongMessage::Ping(rserpool_services::pingpong::Ping {
+            flags: 0,
+            message_no: 1,
+            data: b"x".to_vec(),
+        })
+        .encode()
+        .unwrap();
+    // PE A issues a cookie after its Pong.
+    let mut a = server(b"the pool's key of 32 bytes......");
+    a.accept(t(MS), 1, pu.clone());
+    a.message(t(2 * MS), 1, rserpool_services::PPID_PINGPONG, 0, &ping);
+    let cookie = std::iter::from_fn(|| a.poll_action())
+        .find_map(|x| match x {
+            ServerAction::Transmit { ppid: 11, data, .. } => match dec(&data) {
+                AsapMessage::Cookie(c) => Some(c.cookie),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("a cookie after the Pong");
+    let echo = |c: &[u8]| {
+        enc(&AsapMessage::CookieEcho(asap::CookieEcho {
+            cookie: c.to_vec(),
+        }))
+    };
+    let verdict = |srv: &mut SessionServer, session: u64, c: &[u8]| {
+        srv.accept(t(3 * MS), session, pu.clone());
+        while srv.poll_action().is_some() {}
+        srv.message(t(4 * MS), session, 11, 0, &echo(c));
+        let a: Vec<_> = std::iter::from_fn(|| srv.poll_action()).collect();
+        match &a[..] {
+            [ServerAction::Transmit { ppid: 11, data, .. }, ServerAction::Abort(s)]
+                if *s == session =>
+            {
+                let AsapMessage::Error(e) = dec(data) else {
+                    panic!("{a:?}")
+                };
+                Some(e.error.causes[0].code)
+            }
+            [] => None,
+            _ => panic!("{a:?}"),
+        }
+    };
+    let mut b = server(b"the pool's key of 32 bytes......");
+    let mut altered = cookie.clone();
+    let last = altered.len() - 1;
+    altered[last] ^= 1;
+    assert_eq!(
+        verdict(&mut b, 1, &altered),
+        Some(rserpool_wire::CauseCode::RejectedSecurity)
+    );
+    let mut other = server(b"another key, not the pool's.....");
+    assert_eq!(
+        verdict(&mut other, 1, &cookie),
+        Some(rserpool_wire::CauseCode::RejectedSecurity)
+    );
+    assert_eq!(
+        verdict(&mut b, 2, &cookie),
+        None,
+        "the cookie as issued is accepted"
+    );
 }
 
 fn addr(s: &str) -> SocketAddr {

@@ -787,7 +787,8 @@ pub struct CalcAppClientConfig {
     pub job_size: f64,
     /// Every job exactly `job_size` instead of exponentially distributed.
     pub fixed_job_size: bool,
-    /// Stop after this many jobs completed (`None`: run until stopped).
+    /// Stop after this many jobs completed (`None`: run until stopped); the generator
+    /// (`job_interval`) makes no more than this many jobs.
     pub jobs: Option<u64>,
     /// Keep-alive to the PE this often while a job runs (`-keepalivetransmissioninterval`, 5 s).
     #[serde(with = "humantime_serde")]
@@ -1176,6 +1177,12 @@ impl ClientService for CalcAppClient {
                 .unwrap_or(0.0);
             self.next_job_at = Some(t.saturating_add(secs(self.exponential(interval))));
             self.generate(now);
+            // With `jobs`, the generator stops once that many jobs were queued: the client
+            // finishes when they are complete, and a job generated beyond them would be left
+            // in the queue, never run and never reported.
+            if self.config.jobs.is_some_and(|n| self.counters.queued >= n) {
+                self.next_job_at = None;
+            }
         }
         if self.timeout_at.is_some_and(|at| at <= t) {
             self.timeout_at = None;

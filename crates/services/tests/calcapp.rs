@@ -414,6 +414,25 @@ fn completed(sim: &Sim) -> Vec<(u32, u32)> {
         .collect()
 }
 
+/// Jobs arriving faster than they run: the generator stops at `jobs`, so the client finishes
+/// with every job it queued complete (found by the simulator: it once went on generating and
+/// finished with jobs queued that never ran and were never reported).
+#[test]
+fn the_job_generator_stops_at_the_jobs_asked_for() {
+    let pes = vec![Box::new(CalcAppServer::new(pe_config())) as Box<dyn ServerService>];
+    // Jobs of 2M calculations (2 s alone on the PE), one every 500 ms.
+    let mut sim = Sim::new(pes, client(3, 2_000_000.0));
+    sim.start(0);
+    assert!(sim.run_until(Duration::from_secs(60), |s| s.finished));
+    let queued = sim
+        .reports
+        .iter()
+        .filter(|r| matches!(r, ClientReport::JobQueued { .. }))
+        .count();
+    assert_eq!(queued, 3, "{:?}", sim.reports);
+    assert_eq!(completed(&sim).len(), 3);
+}
+
 #[test]
 fn a_job_survives_kill_of_its_pe_and_resumes_from_the_cookie() {
     let pes = (0..3)

@@ -142,6 +142,20 @@ pub enum Mutation {
     /// A CalcApp cookie echo reaches the PE with its progress set to none:
     /// `calcapp_resumes_from_cookie` must fail.
     CalcAppEchoLosesProgress,
+    /// Pool users' sessions never get the business cards that reach them (glue that drops
+    /// the control channel's cards), so that failovers ignore the cards:
+    /// `business_card_candidates` must fail.
+    IgnoredBusinessCards,
+    /// PEs' business cards name a PE of another pool first: `business_card_in_pool` must fail.
+    ForeignBusinessCards,
+    /// PEs' signed cookie seals open cookies without verifying them (a seal that forgot its
+    /// checks), so that tampered and replayed cookies are accepted: `cookie_authentic` must
+    /// fail.
+    UncheckedCookieSeal,
+    /// Failovers the application asks for are handed to the session as "no answer" (glue
+    /// that mislabels them), so that the PE left is reported unreachable and the receipt names
+    /// the wrong reason: `failover_reason` must fail.
+    MislabelledRequestedFailovers,
 }
 
 /// Everything one run needs.
@@ -210,12 +224,41 @@ pub struct SimConfig {
     pub pcap_limit: Option<u64>,
     /// A deliberate defect (tests of the checker only).
     pub mutation: Option<Mutation>,
+    /// PEs send ASAP_BUSINESS_CARDs (RFC 5352 §3.9) to their sessions, naming other PEs of
+    /// their pool to fail over to; which PEs and how many (0–3) are drawn per PE. `false`:
+    /// no cards (as RSPLIB).
+    pub business_cards: bool,
+    /// PEs seal their cookies with HMAC-SHA256 under a pool-wide key (`HmacSeal`); `false`:
+    /// plain cookies (as RSPLIB).
+    pub signed_cookies: bool,
+    /// How long a signed cookie stays valid after it was issued.
+    pub cookie_lifetime: Duration,
+    /// With signed cookies, this PE has a key of its own (not the pool's): it refuses the
+    /// pool's cookies, the others refuse its cookies.
+    pub other_key_pe: Option<usize>,
+    /// With signed cookies, this PE seals nothing (plain cookies): it refuses signed cookies,
+    /// the others refuse its cookies.
+    pub unsealed_pe: Option<usize>,
+    /// Probability that a signed cookie echo is tampered with on its way to the PE: altered
+    /// in flight, or replaced by a cookie another pool user holds (a replay). 0: never.
+    pub cookie_tampering: f64,
+    /// Share of sessions in manual failover mode: the session reports that a failover is
+    /// necessary and the application asks for it (RSPLIB's `rsp_forcefailover`).
+    pub manual_failover: f64,
+    /// Mean time between two failovers the application of a bound session asks for itself
+    /// (`failover_because(Requested)`, exponentially distributed); `None`: never.
+    pub requested_failovers: Option<Duration>,
+    /// CalcApp jobs arrive over the session's life, exponentially distributed with this mean
+    /// (RSPLIB `-jobinterval`); `None`: all of a session's jobs are queued at its start.
+    pub job_interval: Option<Duration>,
 }
 
 impl SimConfig {
     /// A run drawn from `seed`: network quality, faults, whether announces and ENRP multicast
     /// are on, and sizes (3–5 registrars, 6–16 PEs, 1–3 PUs, 0–2 sessions per PU); in half of
-    /// the seeds the last pool runs CalcApp.
+    /// the seeds the last pool runs CalcApp; drawn last, business cards, signed cookies (with
+    /// tampering), manual and requested failovers and CalcApp jobs over time, each in a share
+    /// of the seeds (docs/simulation.md).
     pub fn from_seed(seed: u64) -> Self {
         let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c0f1_9000_0000);
         let lossy = r.random_bool(0.5);
@@ -266,6 +309,15 @@ impl SimConfig {
             trace: false,
             pcap_limit: None,
             mutation: None,
+            business_cards: false,
+            signed_cookies: false,
+            cookie_lifetime: Duration::from_secs(600),
+            other_key_pe: None,
+            unsealed_pe: None,
+            cookie_tampering: 0.0,
+            manual_failover: 0.0,
+            requested_failovers: None,
+            job_interval: None,
         };
         // Drawn last, so that adding it left the earlier draws of every seed as they were.
         c.faults.pauses = r.random_bool(0.5);
@@ -290,6 +342,43 @@ impl SimConfig {
         if c.calcapp {
             c.calcapp_max_jobs = r.random_range(1..=4);
         }
+        // Business cards, signed cookies, manual and requested failovers and jobs over time
+        // came last of all, drawn after everything above: a seed whose draws leave them off
+        // runs as it did before they existed.
+        c.business_cards = r.random_bool(0.5);
+        c.signed_cookies = r.random_bool(0.5);
+        if c.signed_cookies {
+            c.cookie_lifetime = Duration::from_secs(r.random_range(60..=900));
+            let pes = c.pool_elements;
+            c.other_key_pe = r.random_bool(0.3).then(|| r.random_range(0..pes));
+            c.unsealed_pe = r.random_bool(0.3).then(|| r.random_range(0..pes));
+            if r.random_bool(0.5) {
+                c.cookie_tampering = r.random_range(0.05..0.3);
+            }
+        }
+        if r.random_bool(0.4) {
+            c.manual_failover = r.random_range(0.2..=1.0);
+        }
+        c.requested_failovers = r
+            .random_bool(0.4)
+            .then(|| Duration::from_secs(r.random_range(5..60)));
+        c.job_interval = r
+            .random_bool(0.5)
+            .then(|| Duration::from_millis(r.random_range(1_000..15_000)));
         c
+    }
+
+    /// This config with business cards, signed cookies, manual and requested failovers and
+    /// CalcApp jobs over time off: a seed as it ran before they were simulated.
+    pub fn without_session_extras(mut self) -> Self {
+        self.business_cards = false;
+        self.signed_cookies = false;
+        self.other_key_pe = None;
+        self.unsealed_pe = None;
+        self.cookie_tampering = 0.0;
+        self.manual_failover = 0.0;
+        self.requested_failovers = None;
+        self.job_interval = None;
+        self
     }
 }

@@ -4,6 +4,9 @@
 //! rserpool-sim [--seeds N] [--first S] [--faults registrar,pe,partition,pause|all|none]
 //!              [--registrars N] [--pes N] [--pus N] [--pools N] [--sessions N]
 //!              [--failure-after N] [--calcapp on|off] [--max-jobs N]
+//!              [--session-extras off] [--business-cards on|off] [--signed-cookies on|off]
+//!              [--cookie-tampering P] [--manual-failover SHARE]
+//!              [--requested-failovers SECS|off] [--job-interval SECS|off]
 //!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
 //! ```
 
@@ -32,6 +35,13 @@ struct Args {
     clean_network: bool,
     pcap: Option<std::path::PathBuf>,
     pcap_limit: u64,
+    session_extras_off: bool,
+    business_cards: Option<bool>,
+    signed_cookies: Option<bool>,
+    cookie_tampering: Option<f64>,
+    manual_failover: Option<f64>,
+    requested_failovers: Option<Option<Duration>>,
+    job_interval: Option<Option<Duration>>,
 }
 
 /// Default most bytes of a `--pcap` file (the file is built in memory).
@@ -59,6 +69,13 @@ fn parse() -> Result<Args, String> {
         clean_network: false,
         pcap: None,
         pcap_limit: DEFAULT_PCAP_LIMIT,
+        session_extras_off: false,
+        business_cards: None,
+        signed_cookies: None,
+        cookie_tampering: None,
+        manual_failover: None,
+        requested_failovers: None,
+        job_interval: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,6 +111,24 @@ fn parse() -> Result<Args, String> {
                     v => return Err(format!("--calcapp: `{v}` is neither on nor off")),
                 })
             }
+            "--session-extras" => match value("--session-extras")?.as_str() {
+                "off" => a.session_extras_off = true,
+                v => return Err(format!("--session-extras: `{v}` is not off")),
+            },
+            "--business-cards" => a.business_cards = Some(on_off("--business-cards", value("--business-cards")?)?),
+            "--signed-cookies" => a.signed_cookies = Some(on_off("--signed-cookies", value("--signed-cookies")?)?),
+            "--cookie-tampering" => {
+                a.cookie_tampering = Some(share("--cookie-tampering", value("--cookie-tampering")?)?)
+            }
+            "--manual-failover" => {
+                a.manual_failover = Some(share("--manual-failover", value("--manual-failover")?)?)
+            }
+            "--requested-failovers" => {
+                a.requested_failovers = Some(secs_or_off("--requested-failovers", value("--requested-failovers")?)?)
+            }
+            "--job-interval" => {
+                a.job_interval = Some(secs_or_off("--job-interval", value("--job-interval")?)?)
+            }
             "--max-jobs" => a.max_jobs = Some(num("--max-jobs", value("--max-jobs")?)? as usize),
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
             "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
@@ -108,9 +143,13 @@ fn parse() -> Result<Args, String> {
                     "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     "gateway-probes-through-cut" => Mutation::GatewayProbesThroughCut,
                     "calcapp-echo-loses-progress" => Mutation::CalcAppEchoLosesProgress,
+                    "ignored-business-cards" => Mutation::IgnoredBusinessCards,
+                    "foreign-business-cards" => Mutation::ForeignBusinessCards,
+                    "unchecked-cookie-seal" => Mutation::UncheckedCookieSeal,
+                    "mislabelled-requested-failovers" => Mutation::MislabelledRequestedFailovers,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress, ignored-business-cards, foreign-business-cards, unchecked-cookie-seal, mislabelled-requested-failovers)"
                         ))
                     }
                 })
@@ -137,6 +176,19 @@ fn parse() -> Result<Args, String> {
                      --calcapp on|off the last pool runs CalcApp jobs (default: from the seed;\n\
                                       off runs a seed as it ran before CalcApp was simulated)\n\
                      --max-jobs N     jobs a CalcApp PE runs at once (default: from the seed)\n\
+                     --session-extras off  no business cards, signed cookies, manual or requested\n\
+                                      failovers, jobs over time: a seed as it ran before them\n\
+                                      (the options below, given after, turn one on again)\n\
+                     --business-cards on|off  PEs send business cards (default: from the seed)\n\
+                     --signed-cookies on|off  PEs seal cookies with HMAC under a pool key; some\n\
+                                      seeds give one PE its own key or none (default: seed)\n\
+                     --cookie-tampering P  probability (0..1) that a signed cookie echo is altered\n\
+                                      or replaced by another user's on the way (default: seed)\n\
+                     --manual-failover SHARE  share (0..1) of sessions in manual failover mode\n\
+                     --requested-failovers SECS|off  mean time between failovers the application\n\
+                                      of a bound session asks for (default: from the seed)\n\
+                     --job-interval SECS|off  CalcApp jobs arrive over time with this mean gap\n\
+                                      (off: all queued at the session's start; default: seed)\n\
                      --chaos SECS     length of the chaos phase (default: from the seed)\n\
                      --check-every N  scan every handlespace only every N steps (default 1)\n\
                      --mutation M     a deliberate defect the checker must catch:\n\
@@ -145,7 +197,9 @@ fn parse() -> Result<Args, String> {
                                       duplicated-session-messages,\n\
                                       gateway-fin-from-dead-member,\n\
                                       gateway-probes-through-cut,\n\
-                                      calcapp-echo-loses-progress (tests of the checker)\n\
+                                      calcapp-echo-loses-progress, ignored-business-cards,\n\
+                                      foreign-business-cards, unchecked-cookie-seal,\n\
+                                      mislabelled-requested-failovers (tests of the checker)\n\
                      --gateway        run the LSNAT gateway core's world instead (clients, data\n\
                                       plane, members that crash, restart and pause, a\n\
                                       network that loses and cuts members off); takes\n\
@@ -166,6 +220,33 @@ fn parse() -> Result<Args, String> {
         return Err("--pcap: the gateway world's traffic is not captured".to_string());
     }
     Ok(a)
+}
+
+fn on_off(name: &str, v: String) -> Result<bool, String> {
+    match v.as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{name}: `{v}` is neither on nor off")),
+    }
+}
+
+fn share(name: &str, v: String) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("{name}: `{v}` is not a number from 0 to 1")),
+    }
+}
+
+fn secs_or_off(name: &str, v: String) -> Result<Option<Duration>, String> {
+    if v == "off" {
+        return Ok(None);
+    }
+    match v.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+        _ => Err(format!(
+            "{name}: `{v}` is neither a positive number of seconds nor off"
+        )),
+    }
 }
 
 fn main() -> ExitCode {
@@ -238,6 +319,27 @@ fn main() -> ExitCode {
         }
         if let Some(n) = args.max_jobs {
             cfg.calcapp_max_jobs = n.max(1);
+        }
+        if args.session_extras_off {
+            cfg = cfg.without_session_extras();
+        }
+        if let Some(on) = args.business_cards {
+            cfg.business_cards = on;
+        }
+        if let Some(on) = args.signed_cookies {
+            cfg.signed_cookies = on;
+        }
+        if let Some(p) = args.cookie_tampering {
+            cfg.cookie_tampering = p;
+        }
+        if let Some(p) = args.manual_failover {
+            cfg.manual_failover = p;
+        }
+        if let Some(m) = args.requested_failovers {
+            cfg.requested_failovers = m;
+        }
+        if let Some(m) = args.job_interval {
+            cfg.job_interval = m;
         }
         cfg.mutation = args.mutation;
         if args.pcap.is_some() {

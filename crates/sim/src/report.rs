@@ -121,6 +121,19 @@ pub struct Stats {
     pub gw_connect_failed: u64,
     /// Gateway sessions ended by a reset.
     pub gw_reset: u64,
+    /// ASAP_BUSINESS_CARDs pool users received on their sessions.
+    pub business_cards: u64,
+    /// PEs selected from a business card (on a failover).
+    pub card_selections: u64,
+    /// Cookie echoes a PE refused (another key, none, altered, replayed, expired).
+    pub cookie_refusals: u64,
+    /// Cookie echoes tampered with on their way (altered or replaced by another user's).
+    pub cookies_tampered: u64,
+    /// Failovers that sessions in manual mode reported as necessary and the application
+    /// continued.
+    pub manual_failovers: u64,
+    /// Failovers the application of a bound session asked for itself.
+    pub requested_failovers: u64,
 }
 
 impl Stats {
@@ -163,6 +176,12 @@ impl Stats {
         self.gw_member_lost += o.gw_member_lost;
         self.gw_connect_failed += o.gw_connect_failed;
         self.gw_reset += o.gw_reset;
+        self.business_cards += o.business_cards;
+        self.card_selections += o.card_selections;
+        self.cookie_refusals += o.cookie_refusals;
+        self.cookies_tampered += o.cookies_tampered;
+        self.manual_failovers += o.manual_failovers;
+        self.requested_failovers += o.requested_failovers;
     }
 }
 
@@ -211,6 +230,16 @@ impl fmt::Display for Stats {
             self.gw_member_lost,
             self.gw_connect_failed,
             self.gw_reset
+        )?;
+        write!(
+            f,
+            "; session extras: {} business cards ({} selections from a card), {} cookie echoes refused ({} tampered), {} manual failovers, {} requested failovers",
+            self.business_cards,
+            self.card_selections,
+            self.cookie_refusals,
+            self.cookies_tampered,
+            self.manual_failovers,
+            self.requested_failovers
         )
     }
 }

@@ -12,8 +12,8 @@ use rserpool_endpoint::pe::{PeEvent, PoolElementConfig, PoolElementCore};
 use rserpool_endpoint::pu::{RequestId, Resolver, ResolverConfig, ResolverEvent};
 use rserpool_endpoint::server::{ServerAction, ServerConfig, ServerEvent, SessionServer};
 use rserpool_endpoint::session::{
-    FailoverReason, Outcome as SessionOutcome, PoolUserSession, SessionAction, SessionConfig,
-    SessionEvent,
+    CandidateSource, FailoverReason, Outcome as SessionOutcome, PoolUserSession, SessionAction,
+    SessionConfig, SessionEvent,
 };
 use rserpool_registrar::enrp::{Enrp, EnrpConfig, EnrpDestination, EnrpEvent, Source};
 use rserpool_registrar::{
@@ -40,6 +40,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
+
+#[path = "sessions.rs"]
+mod sessions;
 
 /// The registrars' ASAP port.
 const ASAP_PORT: u16 = 3863;
@@ -191,6 +194,8 @@ struct PeHost {
     sessions: BTreeSet<u64>,
     /// CalcApp jobs it runs now, as its service reported them: (session association, job).
     jobs: BTreeSet<(u64, u32)>,
+    /// The PEs its business card names, in failover order (empty: it sends none).
+    card: Vec<usize>,
 }
 
 /// The application of a session: PingPong or CalcApp.
@@ -251,6 +256,13 @@ struct SimSession {
     moving_since: Option<Duration>,
     /// When a Ping was last sent or answered, or the session last got a PE (global time).
     last_progress: Duration,
+    /// The PEs of the last business card received, less those selected since, in order: what
+    /// the next failover must choose from (`business_card_candidates`).
+    card_left: Vec<PoolElementId>,
+    /// The PE the application asked to leave, until the next PE is selected.
+    requested_from: Option<PoolElementId>,
+    /// Why the failover under way started (the receipt must say the same).
+    failing_because: Option<FailoverReason>,
 }
 
 struct PuHost {
@@ -321,6 +333,10 @@ pub struct World {
     /// CalcApp cookies echoed on session associations: what a PE resuming the job must start
     /// from.
     echoed_jobs: BTreeMap<u64, CalcAppCookie>,
+    /// Every cookie a PE sent, by its bytes: who sealed it, for whom, when.
+    issued: BTreeMap<Vec<u8>, sessions::CookieOrigin>,
+    /// Per session association: whether the PE must accept the cookie echoed there, and why.
+    verdicts: BTreeMap<u64, (bool, String)>,
 }
 
 impl World {
@@ -364,6 +380,8 @@ impl World {
             last_probed: BTreeMap::new(),
             expect_echo: BTreeMap::new(),
             echoed_jobs: BTreeMap::new(),
+            issued: BTreeMap::new(),
+            verdicts: BTreeMap::new(),
         };
         w.build();
         w
@@ -410,6 +428,7 @@ impl World {
                 server: None,
                 sessions: BTreeSet::new(),
                 jobs: BTreeSet::new(),
+                card: Vec::new(),
             });
         }
         for k in 0..self.cfg.pool_users {
@@ -487,6 +506,8 @@ impl World {
         }
         self.schedule(self.cfg.chaos, Ev::EndChaos);
         self.schedule(self.cfg.chaos + self.cfg.quiet, Ev::Finish);
+        // Drawn only when the seed has business cards (a seed without runs as before them).
+        self.draw_business_cards();
     }
 
     fn hosts(&self) -> Vec<HostId> {
@@ -1193,9 +1214,10 @@ impl World {
                         let mut backwards = None;
                         if let Some(c) = s.core.cookie() {
                             self.expect_echo.insert(id, c.to_vec());
-                            if let (Client::CalcApp(_), Ok(cookie)) =
-                                (&s.client, CalcAppCookie::decode(c))
-                            {
+                            if let (Client::CalcApp(_), Ok(cookie)) = (
+                                &s.client,
+                                CalcAppCookie::decode(sessions::cookie_payload(c)),
+                            ) {
                                 // The progress a cookie holds never goes back for its job.
                                 let floor = s.jobs.echoed.entry(cookie.job_id).or_insert(0);
                                 if cookie.completed < *floor {
@@ -1554,6 +1576,8 @@ impl World {
                     return;
                 }
             }
+            let tampered = self.cookie_echo_arrives(j, id, bytes);
+            let bytes = tampered.as_deref().unwrap_or(bytes);
             let mutated = self.reset_calcapp_echo(bytes);
             let bytes = mutated.as_deref().unwrap_or(bytes);
             let p = &mut self.pes[j];
@@ -1587,8 +1611,10 @@ impl World {
         let now = self.local(HostId::PoolUser(k));
         if service == Service::Session {
             if let (Some(n), Some((ppid, m))) = (self.session_of(k, id), unframe(bytes)) {
-                let s = self.pus[k].sessions[n].as_mut().expect("present");
-                s.core.message(now, ppid, 0, m);
+                if self.control_message_arrives(k, n, ppid, m) {
+                    let s = self.pus[k].sessions[n].as_mut().expect("present");
+                    s.core.message(now, ppid, 0, m);
+                }
                 self.pump_session(k, n);
             }
             self.flush(HostId::PoolUser(k));
@@ -1862,583 +1888,6 @@ impl World {
         }
     }
 
-    /// What the PE's session side asked for: messages on session associations, closes, and
-    /// its reports (a cookie echo it refused breaks `cookie_accepted`).
-    fn flush_server(&mut self, j: usize) {
-        let h = HostId::PoolElement(j);
-        loop {
-            let Some(server) = self.pes[j].server.as_mut() else {
-                return;
-            };
-            let actions: Vec<ServerAction> = std::iter::from_fn(|| server.poll_action()).collect();
-            let events: Vec<ServerEvent> = std::iter::from_fn(|| server.poll_event()).collect();
-            if actions.is_empty() && events.is_empty() {
-                return;
-            }
-            for e in events {
-                if let ServerEvent::CookieEcho {
-                    session, result, ..
-                } = &e
-                {
-                    self.stats.cookie_echoes += 1;
-                    if let Err(why) = result {
-                        let msg = format!(
-                            "PE{j} refused the cookie echoed on session association #{session}: {why}"
-                        );
-                        self.fail("cookie_accepted", msg);
-                    }
-                }
-                self.job_report(j, &e);
-                if !matches!(e, ServerEvent::Report(_)) {
-                    self.note(|| format!("{h}: {e:?}"));
-                }
-            }
-            for a in actions {
-                match a {
-                    ServerAction::Transmit {
-                        session,
-                        ppid,
-                        data,
-                        ..
-                    } => {
-                        let bytes = frame(ppid, &data);
-                        self.send(session, h, &bytes);
-                        if self.cfg.mutation == Some(Mutation::DuplicatedSessionMessages) {
-                            self.send(session, h, &bytes);
-                        }
-                    }
-                    ServerAction::Close(session) | ServerAction::Abort(session) => {
-                        self.pes[j].sessions.remove(&session);
-                        self.close(session, h);
-                    }
-                }
-            }
-        }
-    }
-
-    /// [`Mutation::CalcAppEchoLosesProgress`]: a CalcApp cookie echo on its way to the PE with
-    /// its progress set to none (the re-encoded message), else `None`.
-    fn reset_calcapp_echo(&self, bytes: &[u8]) -> Option<Vec<u8>> {
-        if self.cfg.mutation != Some(Mutation::CalcAppEchoLosesProgress) {
-            return None;
-        }
-        let Some((11, m)) = unframe(bytes) else {
-            return None;
-        };
-        let Ok(AsapMessage::CookieEcho(mut echo)) =
-            self.codec.decode::<AsapMessage>(m).map(|d| d.message)
-        else {
-            return None;
-        };
-        let mut cookie = CalcAppCookie::decode(&echo.cookie).ok()?;
-        cookie.completed = 0;
-        echo.cookie = cookie.encode().to_vec();
-        let b = self.codec.encode(&AsapMessage::CookieEcho(echo)).ok()?;
-        Some(frame(11, &b))
-    }
-
-    /// Follows PE j's CalcApp jobs by its service's reports: `calcapp_max_jobs` (never more
-    /// jobs at once than configured) and `calcapp_resumes_from_cookie` (a job resumed from a
-    /// cookie echo starts where that cookie says).
-    fn job_report(&mut self, j: usize, e: &ServerEvent) {
-        match e {
-            ServerEvent::Report(ServerReport::JobAccepted {
-                session,
-                job_id,
-                completed,
-                resumed,
-                ..
-            }) => {
-                let p = &mut self.pes[j];
-                p.jobs.insert((session.0, *job_id));
-                if p.jobs.len() > self.cfg.calcapp_max_jobs {
-                    let msg = format!(
-                        "PE{j} runs {} CalcApp jobs at once ({:?}), more than its {}",
-                        p.jobs.len(),
-                        p.jobs,
-                        self.cfg.calcapp_max_jobs
-                    );
-                    self.fail("calcapp_max_jobs", msg);
-                    return;
-                }
-                if *resumed {
-                    self.stats.jobs_resumed += 1;
-                    let echoed = self.echoed_jobs.get(&session.0).copied();
-                    if echoed.is_none_or(|c| c.job_id != *job_id || c.completed != *completed) {
-                        let msg = format!(
-                            "PE{j} resumed job {job_id} at {completed} calculations on session association #{}, the cookie echoed there held {echoed:?}",
-                            session.0
-                        );
-                        self.fail("calcapp_resumes_from_cookie", msg);
-                    }
-                }
-            }
-            ServerEvent::Report(ServerReport::JobRejected { .. }) => {
-                self.stats.jobs_rejected += 1;
-            }
-            ServerEvent::Report(
-                ServerReport::JobCompleted {
-                    session, job_id, ..
-                }
-                | ServerReport::JobTimedOut { session, job_id },
-            ) => {
-                self.pes[j].jobs.remove(&(session.0, *job_id));
-            }
-            ServerEvent::Ended(session) => {
-                self.pes[j].jobs.retain(|(s, _)| s != session);
-            }
-            _ => {}
-        }
-    }
-
-    /// The slot of PU k's session that uses association `id`.
-    fn session_of(&self, k: usize, id: u64) -> Option<usize> {
-        self.pus[k]
-            .sessions
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| s.assoc == Some(id)))
-    }
-
-    /// Whether the PEs of `pool` run CalcApp (the last pool, when the run has CalcApp).
-    fn is_calcapp_pool(&self, pool: &PoolHandle) -> bool {
-        self.cfg.calcapp && self.pools.last() == Some(pool)
-    }
-
-    /// Starts a session in slot n of PU k: PingPong, or CalcApp on the CalcApp pool.
-    fn start_session(&mut self, k: usize, n: usize) {
-        if self.pus[k].sessions[n].is_some() {
-            return;
-        }
-        let pool = self.pools[self.rng.random_range(0..self.pools.len())].clone();
-        let calcapp = self.is_calcapp_pool(&pool);
-        let (global, now) = (self.now, self.local(HostId::PoolUser(k)));
-        let (client, what) = if calcapp {
-            // 1-4 jobs of 1-20 million calculations (1-20 s of a PE's capacity alone, longer
-            // than its cookie interval of 5 s, so that failovers carry cookies),
-            // queued at once; the session finishes when all are complete.
-            let jobs = self.rng.random_range(1..=4u64);
-            let mut c = CalcAppClient::new(CalcAppClientConfig {
-                job_interval: None,
-                jobs: Some(jobs),
-                seed: self.rng.random(),
-                ..CalcAppClientConfig::default()
-            });
-            for _ in 0..jobs {
-                let size = self.rng.random_range(1_000_000..20_000_000);
-                c.submit(Now::from_monotonic(now), size);
-            }
-            (Client::CalcApp(c), format!("{jobs} CalcApp jobs"))
-        } else {
-            let count = self.rng.random_range(5..60);
-            // The PingPong client resends what is unanswered after each failover.
-            let c = PingPongClient::new(PingPongClientConfig {
-                interval: Duration::from_millis(500),
-                reply_timeout: Duration::from_secs(5),
-                count: Some(count),
-                ..PingPongClientConfig::default()
-            });
-            (Client::PingPong(c), format!("{count} pings"))
-        };
-        let mut config = SessionConfig::new(pool);
-        // Both clients resend what is outstanding after a failover (CalcApp: its Request,
-        // unless a cookie was echoed).
-        config.application_resends = true;
-        self.next_session += 1;
-        let no = self.next_session;
-        let mut core = PoolUserSession::new(config);
-        core.open(now);
-        self.stats.sessions += 1;
-        self.note(|| format!("PU{k}: session S{no} opens ({what})"));
-        self.pus[k].sessions[n] = Some(SimSession {
-            no,
-            core,
-            client,
-            jobs: JobLedger::default(),
-            assoc: None,
-            failovers_seen: 0,
-            held: None,
-            sent_on_assoc: 0,
-            sent: BTreeMap::new(),
-            answered: BTreeSet::new(),
-            moving_since: Some(global),
-            last_progress: global,
-        });
-        self.pump_session(k, n);
-        self.flush(HostId::PoolUser(k));
-    }
-
-    /// Runs what session n of PU k and its PingPong client ask for until neither asks more,
-    /// checking `cookie_echo_first`, `ping_answered_once`, `session_ends_with_cause`.
-    fn pump_session(&mut self, k: usize, n: usize) {
-        let h = HostId::PoolUser(k);
-        let (global, now) = (self.now, self.local(h));
-        loop {
-            let Some(s) = self.pus[k].sessions[n].as_mut() else {
-                return;
-            };
-            let no = s.no;
-            // One item at a time, the client's outputs first: what the client asks for is
-            // handed to the core before the core's next report reaches the client, as an
-            // application that reacts to each event does.
-            let (mut outputs, mut actions, mut events) = (Vec::new(), Vec::new(), Vec::new());
-            if let Some(o) = s.client.service().poll_output() {
-                outputs.push(o);
-            } else if let Some(a) = s.core.poll_action() {
-                actions.push(a);
-            } else if let Some(e) = s.core.poll_event() {
-                events.push(e);
-            } else {
-                return;
-            }
-            for a in actions {
-                match a {
-                    SessionAction::Resolve(pool) => {
-                        let p = &mut self.pus[k];
-                        let r = p.resolver.resolve(now, pool.clone());
-                        p.outstanding.insert(r, (pool, global));
-                        p.session_requests.insert(r, n);
-                        if p.assoc.is_none() && p.connecting.is_none() {
-                            self.pu_connect(k);
-                        }
-                    }
-                    SessionAction::Connect(pe) => {
-                        let addrs: Vec<SocketAddr> = pe
-                            .user_transport
-                            .as_address()
-                            .map(|t| {
-                                t.addresses
-                                    .iter()
-                                    .map(|ip| SocketAddr::new(*ip, t.port))
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        let old = self.pus[k].sessions[n]
-                            .as_mut()
-                            .and_then(|s| s.assoc.take());
-                        if let Some(old) = old {
-                            self.close(old, h);
-                        }
-                        let id = self.connect(h, Service::Session, &addrs);
-                        self.note(|| format!("{h}: S{no} connects to {} (#{id})", pe.id));
-                        if let Some(s) = self.pus[k].sessions[n].as_mut() {
-                            s.assoc = Some(id);
-                        }
-                    }
-                    SessionAction::Abort | SessionAction::Close => {
-                        let old = self.pus[k].sessions[n]
-                            .as_mut()
-                            .and_then(|s| s.assoc.take());
-                        if let Some(old) = old {
-                            self.close(old, h);
-                        }
-                    }
-                    SessionAction::Transmit { ppid, data, .. } => {
-                        let Some(s) = self.pus[k].sessions[n].as_mut() else {
-                            continue;
-                        };
-                        let Some(assoc) = s.assoc else { continue };
-                        s.sent_on_assoc += 1;
-                        let bytes = frame(ppid, &data);
-                        if self.cfg.mutation == Some(Mutation::ReorderedSessionStart)
-                            && self.expect_echo.contains_key(&assoc)
-                        {
-                            // The defect: the first message waits for the second.
-                            if s.sent_on_assoc == 1 {
-                                s.held = Some(bytes);
-                                continue;
-                            }
-                            let held = s.held.take();
-                            self.send(assoc, h, &bytes);
-                            if let Some(b) = held {
-                                self.send(assoc, h, &b);
-                            }
-                            continue;
-                        }
-                        self.send(assoc, h, &bytes);
-                    }
-                    SessionAction::ReportUnreachable(pool, pe) => {
-                        self.stats.unreachable_reports += 1;
-                        self.pus[k].resolver.report_unreachable(&pool, pe);
-                    }
-                }
-            }
-            for e in events {
-                self.note(|| format!("{h}: S{no} {e:?}"));
-                let Some(s) = self.pus[k].sessions[n].as_mut() else {
-                    break;
-                };
-                match e {
-                    SessionEvent::Opened { .. } => {
-                        s.moving_since = None;
-                        s.last_progress = global;
-                        s.client.service().start(Now::from_monotonic(now));
-                    }
-                    SessionEvent::Data { ppid, stream, data } => {
-                        if matches!(s.client, Client::CalcApp(_)) {
-                            // The PE's keep-alives and answers are a CalcApp job's progress.
-                            s.last_progress = global;
-                        }
-                        // A bad answer is the client's to judge (it fails over).
-                        let _ = s.client.service().handle_message(
-                            Now::from_monotonic(now),
-                            ppid,
-                            stream,
-                            &data,
-                        );
-                    }
-                    SessionEvent::FailoverStarted { .. } => {
-                        s.moving_since = Some(global);
-                    }
-                    SessionEvent::Failover(record) => {
-                        s.moving_since = None;
-                        s.last_progress = global;
-                        s.failovers_seen += 1;
-                        self.stats.failovers += 1;
-                        if record.with_cookie {
-                            self.stats.failovers_with_cookie += 1;
-                        }
-                        let s = self.pus[k].sessions[n].as_mut().expect("present");
-                        s.client
-                            .service()
-                            .failover_complete(Now::from_monotonic(now), record.with_cookie);
-                    }
-                    SessionEvent::Failed { reason } => {
-                        self.stats.sessions_failed += 1;
-                        let s = self.pus[k].sessions[n].take().expect("present");
-                        let recorded = matches!(
-                            &s.core.receipt().outcome,
-                            Some(SessionOutcome::Failed { reason: r }) if *r == reason
-                        );
-                        if reason.is_empty() || !recorded || !s.core.is_ended() {
-                            let msg = format!(
-                                "PU{k} session S{no} gave up with cause {reason:?}, receipt outcome {:?}, ended {}",
-                                s.core.receipt().outcome,
-                                s.core.is_ended()
-                            );
-                            self.fail("session_ends_with_cause", msg);
-                            return;
-                        }
-                        if let Some(a) = s.assoc {
-                            self.close(a, h);
-                        }
-                        self.session_over(k, n);
-                        return;
-                    }
-                    _ => {}
-                }
-            }
-            for o in outputs {
-                let Some(s) = self.pus[k].sessions[n].as_mut() else {
-                    break;
-                };
-                match o {
-                    ClientOutput::Send { ppid, stream, data } => {
-                        // Refused while failing over: the client resends after the failover.
-                        let _ = s.core.send_seen(now, s.failovers_seen, ppid, stream, data);
-                    }
-                    ClientOutput::ClearCookie => s.core.clear_cookie(),
-                    ClientOutput::Failover(reason) => {
-                        let reason = match reason {
-                            rserpool_services::FailoverReason::Rejected => FailoverReason::Rejected,
-                            rserpool_services::FailoverReason::ProtocolError => {
-                                let what = match s.client {
-                                    Client::PingPong(_) => "bad PingPong answer",
-                                    Client::CalcApp(_) => "bad CalcApp answer",
-                                };
-                                FailoverReason::ProtocolError(what.into())
-                            }
-                            _ => FailoverReason::NoAnswer,
-                        };
-                        s.core.failover_because(now, reason);
-                    }
-                    ClientOutput::Report(ClientReport::PingSent { message_no, resent }) => {
-                        s.sent.insert(message_no, global);
-                        s.last_progress = global;
-                        if !resent {
-                            self.stats.pings += 1;
-                        }
-                    }
-                    ClientOutput::Report(ClientReport::Pong { message_no, .. }) => {
-                        if !s.sent.contains_key(&message_no) || !s.answered.insert(message_no) {
-                            let msg = format!(
-                                "PU{k} session S{no}: Ping {message_no} answered twice or never sent"
-                            );
-                            self.fail("ping_answered_once", msg);
-                            return;
-                        }
-                        self.stats.pongs += 1;
-                        if let Some(s) = self.pus[k].sessions[n].as_mut() {
-                            s.last_progress = global;
-                        }
-                    }
-                    ClientOutput::Report(ClientReport::DuplicatePong { message_no }) => {
-                        let msg =
-                            format!("PU{k} session S{no}: a second Pong for Ping {message_no}");
-                        self.fail("ping_answered_once", msg);
-                        return;
-                    }
-                    ClientOutput::Report(ClientReport::JobQueued { job_id, .. }) => {
-                        s.jobs.queued.insert(job_id);
-                        self.stats.jobs += 1;
-                    }
-                    ClientOutput::Report(ClientReport::JobRequested { job_id }) => {
-                        s.jobs.current = Some(job_id);
-                        s.last_progress = global;
-                    }
-                    ClientOutput::Report(ClientReport::JobAccepted { .. }) => {
-                        s.last_progress = global;
-                    }
-                    ClientOutput::Report(ClientReport::JobCompleted { job_id, .. }) => {
-                        if !s.jobs.queued.contains(&job_id) || !s.jobs.completed.insert(job_id) {
-                            let msg = format!(
-                                "PU{k} session S{no}: CalcApp job {job_id} completed twice or never queued"
-                            );
-                            self.fail("calcapp_job_once", msg);
-                            return;
-                        }
-                        s.jobs.current = None;
-                        s.last_progress = global;
-                        self.stats.jobs_completed += 1;
-                    }
-                    ClientOutput::Finished => {
-                        let s = self.pus[k].sessions[n].take().expect("present");
-                        let open: Vec<u32> = s
-                            .jobs
-                            .queued
-                            .difference(&s.jobs.completed)
-                            .copied()
-                            .collect();
-                        if !open.is_empty() {
-                            let msg = format!(
-                                "PU{k} session S{no} finished with CalcApp jobs {open:?} not completed"
-                            );
-                            self.fail("calcapp_job_once", msg);
-                            return;
-                        }
-                        let unanswered: Vec<u64> = s
-                            .sent
-                            .keys()
-                            .filter(|m| !s.answered.contains(m))
-                            .copied()
-                            .collect();
-                        if !unanswered.is_empty() {
-                            let msg = format!(
-                                "PU{k} session S{no} finished with Pings {unanswered:?} unanswered"
-                            );
-                            self.fail("ping_answered_once", msg);
-                            return;
-                        }
-                        let mut s = s;
-                        s.core.close(now);
-                        while let Some(a) = s.core.poll_action() {
-                            if matches!(a, SessionAction::Close | SessionAction::Abort) {
-                                if let Some(a) = s.assoc.take() {
-                                    self.close(a, h);
-                                }
-                            }
-                        }
-                        if let Some(a) = s.assoc.take() {
-                            self.close(a, h);
-                        }
-                        self.stats.sessions_finished += 1;
-                        self.note(|| format!("{h}: S{no} finished"));
-                        self.session_over(k, n);
-                        return;
-                    }
-                    ClientOutput::Report(_) => {}
-                    _ => {}
-                }
-            }
-        }
-    }
-
-    /// Session slot n of PU k is free: a new session starts there a little later.
-    fn session_over(&mut self, k: usize, n: usize) {
-        let r: Vec<RequestId> = self.pus[k]
-            .session_requests
-            .iter()
-            .filter(|(_, &slot)| slot == n)
-            .map(|(r, _)| *r)
-            .collect();
-        for r in r {
-            self.pus[k].session_requests.remove(&r);
-        }
-        let back = self.exp(Duration::from_secs(3));
-        self.schedule(self.now + back, Ev::SessionStart(k, n));
-    }
-
-    /// Every live session makes progress: bound with no Ping older than the reply timeout (the
-    /// client fails over then), or without a PE for less than [`SESSION_MOVE_BOUND`].
-    fn audit_sessions(&mut self) {
-        self.stats.checks += 1;
-        let now = self.now;
-        let mut broken = None;
-        'all: for (k, p) in self.pus.iter().enumerate() {
-            for s in p.sessions.iter().flatten() {
-                if let Some(since) = s.moving_since {
-                    if now > since + SESSION_MOVE_BOUND {
-                        let msg = format!(
-                            "PU{k} session S{} has had no PE since {since:?} ({:?})",
-                            s.no,
-                            s.core.receipt()
-                        );
-                        broken = Some(msg);
-                        break 'all;
-                    }
-                } else if let (true, Client::CalcApp(_)) = (s.core.is_bound(), &s.client) {
-                    // A running job hears from its PE (keep-alives, answers) or fails over
-                    // within the client's keep-alive interval plus its timeout.
-                    let c = CalcAppClientConfig::default();
-                    let bound =
-                        (c.keep_alive_interval + c.keep_alive_timeout).mul_f64(1.05) + PING_SLACK;
-                    if let Some(job) = s.jobs.current {
-                        if now > s.last_progress + bound {
-                            let msg = format!(
-                                "PU{k} session S{}: CalcApp job {job} on {:?} heard nothing since {:?} (now {now:?})",
-                                s.no,
-                                s.core.current_pe(),
-                                s.last_progress
-                            );
-                            broken = Some(msg);
-                            break 'all;
-                        }
-                    }
-                } else if let (true, Client::PingPong(client)) = (s.core.is_bound(), &s.client) {
-                    let bound =
-                        PingPongClientConfig::default().reply_timeout.mul_f64(1.05) + PING_SLACK;
-                    if now > s.last_progress + bound {
-                        let msg = format!(
-                            "PU{k} session S{}: bound to {:?}, nothing sent or answered since {:?} (now {now:?})",
-                            s.no,
-                            s.core.current_pe(),
-                            s.last_progress
-                        );
-                        broken = Some(msg);
-                        break 'all;
-                    }
-                    if let Some((m, t)) = client
-                        .outstanding()
-                        .filter_map(|m| s.sent.get(&m).map(|t| (m, *t)))
-                        .find(|(_, t)| now > *t + bound)
-                    {
-                        let msg = format!(
-                            "PU{k} session S{}: Ping {m} sent at {t:?} to {:?} is neither answered nor failed over by {now:?}",
-                            s.no,
-                            s.core.current_pe()
-                        );
-                        broken = Some(msg);
-                        break 'all;
-                    }
-                }
-            }
-        }
-        if let Some(msg) = broken {
-            self.fail("session_progress", msg);
-            return;
-        }
-        self.schedule(now + Duration::from_secs(1), Ev::SessionAudit);
-    }
-
     fn flush_pu(&mut self, k: usize) {
         let h = HostId::PoolUser(k);
         let mut to_report = Vec::new();
@@ -2624,21 +2073,9 @@ impl World {
         }
         let mut core = PoolElementCore::new(pc, &mut self.rng);
         core.start(now);
-        let failure_after = self.cfg.pingpong_failure_after;
-        let service: Box<dyn rserpool_services::ServerService> =
-            if self.is_calcapp_pool(&self.pes[j].pool) {
-                Box::new(CalcAppServer::new(CalcAppServerConfig {
-                    max_jobs: self.cfg.calcapp_max_jobs,
-                    ..CalcAppServerConfig::default()
-                }))
-            } else {
-                Box::new(PingPongServer::new(PingPongServerConfig {
-                    failure_after,
-                    ..PingPongServerConfig::default()
-                }))
-            };
+        let server = self.pe_server(j);
         let p = &mut self.pes[j];
-        p.server = Some(SessionServer::new(ServerConfig::default(), service));
+        p.server = Some(server);
         p.jobs.clear();
         p.core = Some(core);
         p.alive = true;

@@ -180,7 +180,7 @@ fn the_checker_catches_a_job_resumed_from_less_than_its_cookie() {
 /// 1002 runs 30 PingPong sessions; the hash is the one it gave then).
 #[test]
 fn a_seed_without_calcapp_runs_as_before_calcapp_existed() {
-    let mut cfg = SimConfig::from_seed(1002);
+    let mut cfg = SimConfig::from_seed(1002).without_session_extras();
     cfg.calcapp = false;
     let o = run(cfg);
     assert!(o.stats.sessions > 0, "{}", o.stats);
@@ -242,14 +242,14 @@ fn sessions_only(seed: u64, mutation: Option<Mutation>) -> SimConfig {
     cfg.pingpong_failure_after = 10;
     cfg.calcapp = false;
     cfg.mutation = mutation;
-    cfg
+    cfg.without_session_extras()
 }
 
 /// CalcApp sessions only (one pool, its PEs run CalcApp, one job at a time each) with PE
 /// crashes, pauses and partitions: jobs complete once each, jobs resume from their cookies on
 /// other PEs, full PEs reject.
 fn calcapp_only(seed: u64) -> SimConfig {
-    let mut cfg = SimConfig::from_seed(seed);
+    let mut cfg = SimConfig::from_seed(seed).without_session_extras();
     cfg.pools = 1;
     cfg.calcapp = true;
     cfg.calcapp_max_jobs = 1;
@@ -431,4 +431,122 @@ fn a_pe_that_aborts_after_every_reply_still_answers() {
     let s = &o.stats;
     assert!(s.sessions_finished > 0, "{s}");
     assert!(s.pongs > 0 && s.failovers_with_cookie >= s.pongs / 2, "{s}");
+}
+
+/// A seed whose draws leave business cards, signed cookies, manual and requested failovers
+/// and jobs over time off is the run it was before they were simulated (seed 1005 runs
+/// PingPong and CalcApp sessions, two per pool user; the hash is the one it gave then).
+#[test]
+fn a_seed_without_session_extras_runs_as_before_they_existed() {
+    let o = run(SimConfig::from_seed(1005).without_session_extras());
+    assert!(o.stats.sessions > 0 && o.stats.jobs > 0, "{}", o.stats);
+    assert_eq!(o.trace_hash, 0x33ba_e7bd_3070_c1bd);
+}
+
+/// Every session feature at once, with PE crashes, pauses and partitions: business cards,
+/// signed cookies with one PE under its own key and one without a seal, tampered and replayed
+/// cookie echoes, manual failover mode, failovers the application asks for, CalcApp jobs
+/// arriving over time.
+fn session_extras(seed: u64, mutation: Option<Mutation>) -> SimConfig {
+    let mut cfg = SimConfig::from_seed(seed);
+    cfg.pools = 2;
+    cfg.pool_elements = cfg.pool_elements.max(8);
+    cfg.sessions_per_pu = 2;
+    cfg.calcapp = true;
+    cfg.faults = Faults {
+        mean_interval: std::time::Duration::from_secs(10),
+        ..Faults::parse("pe,pause,partition").unwrap()
+    };
+    cfg.business_cards = true;
+    cfg.signed_cookies = true;
+    cfg.other_key_pe = Some(0);
+    cfg.unsealed_pe = Some(1);
+    cfg.cookie_tampering = 0.2;
+    cfg.manual_failover = 0.5;
+    cfg.requested_failovers = Some(std::time::Duration::from_secs(10));
+    cfg.job_interval = Some(std::time::Duration::from_secs(3));
+    cfg.mutation = mutation;
+    cfg
+}
+
+#[test]
+fn session_extras_hold_every_invariant() {
+    let mut total = rserpool_sim::Stats::default();
+    for seed in [1, 2, 5] {
+        let o = run(session_extras(seed, None));
+        assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+        total.add(&o.stats);
+    }
+    let s = &total;
+    assert!(s.card_selections > 0 && s.business_cards > 0, "{s}");
+    assert!(s.cookies_tampered > 0, "{s}");
+    assert!(
+        s.cookie_refusals > s.cookies_tampered,
+        "other keys refused too: {s}"
+    );
+    assert!(s.failovers_with_cookie > 0 && s.jobs_resumed > 0, "{s}");
+    assert!(s.manual_failovers > 0 && s.requested_failovers > 0, "{s}");
+    assert!(s.jobs_completed > 0 && s.sessions_finished > 0, "{s}");
+}
+
+/// Sessions that never get the business cards sent to them fail over to resolved PEs while
+/// the card names others: the checker must report `business_card_candidates`.
+#[test]
+fn the_checker_catches_a_failover_that_ignores_its_business_card() {
+    let f = run(session_extras(1, Some(Mutation::IgnoredBusinessCards)))
+        .failure
+        .expect("a failover that ignored its business card went unnoticed");
+    assert_eq!(f.invariant, "business_card_candidates", "{f}");
+}
+
+/// Business cards that name a PE of another pool: the checker must report
+/// `business_card_in_pool`.
+#[test]
+fn the_checker_catches_a_business_card_naming_a_foreign_pe() {
+    let f = run(session_extras(1, Some(Mutation::ForeignBusinessCards)))
+        .failure
+        .expect("a business card naming another pool's PE went unnoticed");
+    assert_eq!(f.invariant, "business_card_in_pool", "{f}");
+}
+
+/// Seals that open cookies without verifying them accept altered and replayed cookies: the
+/// checker must report `cookie_authentic`.
+#[test]
+fn the_checker_catches_a_pe_resuming_from_a_cookie_it_could_not_verify() {
+    let f = run(session_extras(1, Some(Mutation::UncheckedCookieSeal)))
+        .failure
+        .expect("a PE resuming from an unverified cookie went unnoticed");
+    assert_eq!(f.invariant, "cookie_authentic", "{f}");
+}
+
+/// Failovers the application asks for handed to the session as "no answer": the PE left is
+/// reported unreachable and the receipt names the wrong reason; the checker must report
+/// `failover_reason`.
+#[test]
+fn the_checker_catches_a_requested_failover_with_the_wrong_reason() {
+    let f = run(session_extras(
+        1,
+        Some(Mutation::MislabelledRequestedFailovers),
+    ))
+    .failure
+    .expect("a mislabelled requested failover went unnoticed");
+    assert_eq!(f.invariant, "failover_reason", "{f}");
+}
+
+/// Seeds that broke `calcapp_job_once` when CalcApp jobs began to arrive over time: the
+/// client's job generator ran past the jobs asked for (fixed in `rserpool_services::calcapp`).
+/// They run as drawn, every session feature of the seed on.
+const SESSION_REGRESSION_SEEDS: &[u64] = &[1026, 1031, 1054];
+
+#[test]
+fn session_regression_seeds() {
+    let outcomes: Vec<Outcome> = SESSION_REGRESSION_SEEDS
+        .iter()
+        .map(|&s| run(SimConfig::from_seed(s)))
+        .collect();
+    assert!(
+        outcomes.iter().all(|o| o.stats.jobs > 0),
+        "the seeds run CalcApp jobs"
+    );
+    report(&outcomes);
 }
