@@ -305,8 +305,12 @@ pub struct World {
     settle_until: Duration,
     chaos: bool,
     codec: Codec,
-    /// Takeover winners per (target ID, target incarnation), for `takeover_unique`.
-    winners: BTreeMap<(RegistrarId, u32), BTreeSet<RegistrarId>>,
+    /// Takeover winners per (target ID, target incarnation): when the episode began and who won
+    /// it, for `takeover_unique`.
+    winners: BTreeMap<(RegistrarId, u32), (Duration, BTreeSet<RegistrarId>)>,
+    /// When an ENRP message of each registrar ID was last delivered to a peer: a target heard
+    /// after a takeover of it is alive, and a later takeover is a new episode.
+    enrp_heard: BTreeMap<RegistrarId, Duration>,
     trace_hash: u64,
     trace: Option<Vec<String>>,
     /// The pcap file of delivered traffic, when asked for.
@@ -367,6 +371,7 @@ impl World {
             settle_until: Duration::ZERO,
             chaos: true,
             winners: BTreeMap::new(),
+            enrp_heard: BTreeMap::new(),
             trace_hash: 0xcbf2_9ce4_8422_2325,
             stats: Stats::default(),
             failure: None,
@@ -1502,6 +1507,7 @@ impl World {
         let now = self.local(to);
         match to {
             HostId::Registrar(i) => {
+                self.heard_enrp(bytes);
                 if let Some(c) = self.regs[i].core.as_mut() {
                     let (reg, enrp) = &mut **c;
                     enrp.message(now, reg, Source::Multicast, bytes);
@@ -1538,6 +1544,9 @@ impl World {
                 Ok(EnrpMessage::TakeoverServer(_)) => return,
                 _ => {}
             }
+        }
+        if service == Service::Enrp {
+            self.heard_enrp(bytes);
         }
         if let Some(c) = self.regs[i].core.as_mut() {
             let (reg, enrp) = &mut **c;
@@ -2405,6 +2414,15 @@ impl World {
         }
     }
 
+    /// Notes that the registrar named as sender of an ENRP message (RFC 5353 §2: every ENRP
+    /// message begins with the sender's server ID) has been heard.
+    fn heard_enrp(&mut self, bytes: &[u8]) {
+        if let Some(id) = bytes.get(4..8) {
+            let id = RegistrarId(u32::from_be_bytes([id[0], id[1], id[2], id[3]]));
+            self.enrp_heard.insert(id, self.now);
+        }
+    }
+
     fn takeover_won(&mut self, winner: usize, target: RegistrarId) {
         let by = self.regs[winner].id;
         self.stats.takeovers += 1;
@@ -2455,7 +2473,19 @@ impl World {
                 return;
             }
         }
-        let set = self.winners.entry((target, inc)).or_default();
+        // One episode of suspicion: a target that spoke ENRP again after a takeover of it was
+        // alive (the lossy-network case above), so a later takeover of it is another episode
+        // with its own single winner (RFC 5353 §3.9 arbitrates concurrent takeovers only).
+        let heard = self.enrp_heard.get(&target).copied();
+        let now = self.now;
+        let (since, set) = self
+            .winners
+            .entry((target, inc))
+            .or_insert_with(|| (now, BTreeSet::new()));
+        if heard.is_some_and(|t| t > *since) {
+            *since = now;
+            set.clear();
+        }
         set.insert(by);
         if set.len() > 1 {
             let msg = format!("takeover of {target:?} won by {:?}", set);

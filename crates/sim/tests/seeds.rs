@@ -550,3 +550,14 @@ fn session_regression_seeds() {
     );
     report(&outcomes);
 }
+
+/// Seed 899: on a network losing 18 %, two registrars took over the same live registrar 26 s
+/// apart, each after a suspicion of its own (the target spoke ENRP again in between). Two
+/// episodes with one winner each, not two winners of one takeover: `takeover_unique` judges per
+/// episode, and this seed runs as drawn.
+#[test]
+fn two_takeovers_of_a_live_registrar_in_separate_episodes_are_not_two_winners() {
+    let o = run(SimConfig::from_seed(899));
+    assert!(o.stats.takeovers >= 2, "seed 899 runs two takeovers");
+    report(&[o]);
+}
