@@ -139,6 +139,10 @@ pub enum Mutation {
     /// The gateway simulation's probes pass a partition (the member looks alive while its
     /// connections are cut off): `gateway_member_lost_in_time` must fail.
     GatewayProbesThroughCut,
+    /// The gateway simulation's data plane, going down, ends its clients' connections that
+    /// had their answer in order (FIN) instead of letting them reset or time out:
+    /// `gateway_client_view` must fail.
+    GatewayCrashFinishesAnswers,
     /// A CalcApp cookie echo reaches the PE with its progress set to none:
     /// `calcapp_resumes_from_cookie` must fail.
     CalcAppEchoLosesProgress,

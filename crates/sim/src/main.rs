@@ -30,6 +30,8 @@ struct Args {
     check_every: Option<u64>,
     gateway: bool,
     clean_network: bool,
+    clean_client_network: bool,
+    gateway_faults: Option<bool>,
     pcap: Option<std::path::PathBuf>,
     pcap_limit: u64,
 }
@@ -57,6 +59,8 @@ fn parse() -> Result<Args, String> {
         check_every: None,
         gateway: false,
         clean_network: false,
+        clean_client_network: false,
+        gateway_faults: None,
         pcap: None,
         pcap_limit: DEFAULT_PCAP_LIMIT,
     };
@@ -74,6 +78,14 @@ fn parse() -> Result<Args, String> {
             "--trace" => a.trace = true,
             "--gateway" => a.gateway = true,
             "--clean-network" => a.clean_network = true,
+            "--clean-client-network" => a.clean_client_network = true,
+            "--gateway-faults" => {
+                a.gateway_faults = Some(match value("--gateway-faults")?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--gateway-faults: `{v}` is neither on nor off")),
+                })
+            }
             "--pcap" => a.pcap = Some(value("--pcap")?.into()),
             "--pcap-limit" => a.pcap_limit = num("--pcap-limit", value("--pcap-limit")?)?,
             "--faults" => a.faults = Some(Faults::parse(&value("--faults")?)?),
@@ -107,10 +119,11 @@ fn parse() -> Result<Args, String> {
                     "duplicated-session-messages" => Mutation::DuplicatedSessionMessages,
                     "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     "gateway-probes-through-cut" => Mutation::GatewayProbesThroughCut,
+                    "gateway-crash-finishes-answers" => Mutation::GatewayCrashFinishesAnswers,
                     "calcapp-echo-loses-progress" => Mutation::CalcAppEchoLosesProgress,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, gateway-crash-finishes-answers, calcapp-echo-loses-progress)"
                         ))
                     }
                 })
@@ -150,9 +163,16 @@ fn parse() -> Result<Args, String> {
                                       plane, members that crash, restart and pause, a\n\
                                       network that loses and cuts members off); takes\n\
                                       --seeds, --first, --seed, --trace, --mutation,\n\
-                                      --clean-network\n\
-                     --clean-network  (--gateway) no loss, jitter or partitions: a seed as it\n\
-                                      ran before the gateway world's network lost and cut"
+                                      --clean-network, --clean-client-network,\n\
+                                      --gateway-faults\n\
+                     --clean-network  (--gateway) no loss, jitter or partitions on either side\n\
+                                      of the gateway (with --gateway-faults off: a seed as it\n\
+                                      ran before the gateway world's network lost and cut)\n\
+                     --clean-client-network  (--gateway) no loss, jitter or cuts between the\n\
+                                      clients and the gateway\n\
+                     --gateway-faults on|off  (--gateway) the gateway itself crashes (process\n\
+                                      or host, state lost), restarts and pauses (default:\n\
+                                      from the seed)"
                 );
                 std::process::exit(0);
             }
@@ -189,9 +209,13 @@ fn main() -> ExitCode {
             cfg.trace = args.trace;
             cfg.mutation = args.mutation;
             if args.clean_network {
-                cfg.loss = 0.0;
-                cfg.jitter = Duration::ZERO;
-                cfg.partitions = false;
+                cfg = cfg.clean_network();
+            }
+            if args.clean_client_network {
+                cfg = cfg.clean_client_network();
+            }
+            if let Some(on) = args.gateway_faults {
+                cfg.gateway_faults = on;
             }
             let o = run_gateway(cfg);
             for line in &o.trace {
