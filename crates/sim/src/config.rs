@@ -143,6 +143,13 @@ pub enum Mutation {
     /// had their answer in order (FIN) instead of letting them reset or time out:
     /// `gateway_client_view` must fail.
     GatewayCrashFinishesAnswers,
+    /// The gateway simulation's member source (RSerPool members) never lets a member go: a
+    /// PE the registrar stopped listing stays a member, and `gateway_binds_listed` must fail.
+    GatewaySourceOnlyAdds,
+    /// The gateway simulation resolves its pool at a tenth of its configured rate (RSerPool
+    /// members): a PE the registrar removed gets sessions too long, and
+    /// `gateway_unlisted_unused` must fail.
+    GatewaySlowRefresh,
     /// A CalcApp cookie echo reaches the PE with its progress set to none:
     /// `calcapp_resumes_from_cookie` must fail.
     CalcAppEchoLosesProgress,

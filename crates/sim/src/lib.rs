@@ -31,7 +31,7 @@ mod world;
 
 pub use capture::{ASAP_GROUP, ENRP_GROUP, MAX_CHUNK_DATA};
 pub use config::{Faults, LinkConfig, Mutation, SimConfig};
-pub use gateway::{run_gateway, GatewayConfig};
+pub use gateway::{run_gateway, GatewayConfig, GatewaySource};
 pub use report::{Failure, Outcome, Stats};
 pub use world::{HostId, World};
 

@@ -7,7 +7,9 @@
 //!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
 //! ```
 
-use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, SimConfig, Stats};
+use rserpool_sim::{
+    run, run_gateway, Faults, GatewayConfig, GatewaySource, Mutation, SimConfig, Stats,
+};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -32,6 +34,7 @@ struct Args {
     clean_network: bool,
     clean_client_network: bool,
     gateway_faults: Option<bool>,
+    gateway_source: Option<GatewaySource>,
     pcap: Option<std::path::PathBuf>,
     pcap_limit: u64,
 }
@@ -61,6 +64,7 @@ fn parse() -> Result<Args, String> {
         clean_network: false,
         clean_client_network: false,
         gateway_faults: None,
+        gateway_source: None,
         pcap: None,
         pcap_limit: DEFAULT_PCAP_LIMIT,
     };
@@ -79,6 +83,17 @@ fn parse() -> Result<Args, String> {
             "--gateway" => a.gateway = true,
             "--clean-network" => a.clean_network = true,
             "--clean-client-network" => a.clean_client_network = true,
+            "--gateway-source" => {
+                a.gateway_source = Some(match value("--gateway-source")?.as_str() {
+                    "static" => GatewaySource::Static,
+                    "rserpool" => GatewaySource::Rserpool,
+                    v => {
+                        return Err(format!(
+                            "--gateway-source: `{v}` is neither static nor rserpool"
+                        ))
+                    }
+                })
+            }
             "--gateway-faults" => {
                 a.gateway_faults = Some(match value("--gateway-faults")?.as_str() {
                     "on" => true,
@@ -120,10 +135,12 @@ fn parse() -> Result<Args, String> {
                     "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     "gateway-probes-through-cut" => Mutation::GatewayProbesThroughCut,
                     "gateway-crash-finishes-answers" => Mutation::GatewayCrashFinishesAnswers,
+                    "gateway-source-only-adds" => Mutation::GatewaySourceOnlyAdds,
+                    "gateway-slow-refresh" => Mutation::GatewaySlowRefresh,
                     "calcapp-echo-loses-progress" => Mutation::CalcAppEchoLosesProgress,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, gateway-crash-finishes-answers, calcapp-echo-loses-progress)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, gateway-crash-finishes-answers, gateway-source-only-adds, gateway-slow-refresh, calcapp-echo-loses-progress)"
                         ))
                     }
                 })
@@ -158,13 +175,15 @@ fn parse() -> Result<Args, String> {
                                       duplicated-session-messages,\n\
                                       gateway-fin-from-dead-member,\n\
                                       gateway-probes-through-cut,\n\
+                                      gateway-crash-finishes-answers,\n\
+                                      gateway-source-only-adds, gateway-slow-refresh,\n\
                                       calcapp-echo-loses-progress (tests of the checker)\n\
                      --gateway        run the LSNAT gateway core's world instead (clients, data\n\
                                       plane, members that crash, restart and pause, a\n\
                                       network that loses and cuts members off); takes\n\
                                       --seeds, --first, --seed, --trace, --mutation,\n\
                                       --clean-network, --clean-client-network,\n\
-                                      --gateway-faults\n\
+                                      --gateway-faults, --gateway-source\n\
                      --clean-network  (--gateway) no loss, jitter or partitions on either side\n\
                                       of the gateway (with --gateway-faults off: a seed as it\n\
                                       ran before the gateway world's network lost and cut)\n\
@@ -172,7 +191,10 @@ fn parse() -> Result<Args, String> {
                                       clients and the gateway\n\
                      --gateway-faults on|off  (--gateway) the gateway itself crashes (process\n\
                                       or host, state lost), restarts and pauses (default:\n\
-                                      from the seed)"
+                                      from the seed)\n\
+                     --gateway-source static|rserpool  (--gateway) members from a static list,\n\
+                                      or PEs registered with a registrar that the gateway\n\
+                                      resolves (default: from the seed)"
                 );
                 std::process::exit(0);
             }
@@ -216,6 +238,14 @@ fn main() -> ExitCode {
             }
             if let Some(on) = args.gateway_faults {
                 cfg.gateway_faults = on;
+            }
+            if let Some(source) = args.gateway_source {
+                if source == GatewaySource::Rserpool && cfg.source != source {
+                    // The seed drew static members: RSerPool ones with the defaults.
+                    cfg.refresh = Duration::from_secs(2);
+                    cfg.churn = true;
+                }
+                cfg.source = source;
             }
             let o = run_gateway(cfg);
             for line in &o.trace {

@@ -2,7 +2,9 @@
 //! `SIM_FIRST=S`), replay of one seed (`SIM_SEED=S`), determinism, and proof that the checker
 //! catches deliberate defects.
 
-use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, Outcome, SimConfig};
+use rserpool_sim::{
+    run, run_gateway, Faults, GatewayConfig, GatewaySource, Mutation, Outcome, SimConfig,
+};
 
 /// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 30 s of CPU in a debug build,
 /// sessions included).
@@ -343,6 +345,7 @@ fn gateway_seed_set() {
 fn gateway_clean_network(seed: u64) -> GatewayConfig {
     let mut cfg = GatewayConfig::from_seed(seed).clean_network();
     cfg.gateway_faults = false;
+    cfg.source = GatewaySource::Static;
     cfg
 }
 
@@ -351,11 +354,13 @@ fn gateway_clean_network(seed: u64) -> GatewayConfig {
 fn gateway_without_gateway_faults(seed: u64) -> GatewayConfig {
     let mut cfg = GatewayConfig::from_seed(seed).clean_client_network();
     cfg.gateway_faults = false;
+    cfg.source = GatewaySource::Static;
     cfg
 }
 
 /// Without faults of the gateway itself and with a clean client network a gateway seed is the
-/// run it was before they existed (the hashes it gave then); seeds 3 and 20 draw both off.
+/// run it was before they existed (the hashes it gave then); seeds 3 and 22 draw them off (and
+/// static members).
 #[test]
 fn a_gateway_seed_without_gateway_faults_runs_as_before() {
     assert_eq!(
@@ -366,9 +371,14 @@ fn a_gateway_seed_without_gateway_faults_runs_as_before() {
         run_gateway(gateway_without_gateway_faults(7)).trace_hash,
         0xa91a_2e50_5cc9_1478
     );
-    for (seed, hash) in [(3, 0xdf9b_1473_46c4_d35b), (20, 0xa63b_1d22_e29b_5c76)] {
+    for (seed, hash) in [(3, 0xdf9b_1473_46c4_d35b), (22, 0xca1a_5ba6_33e6_0d5e)] {
         let cfg = GatewayConfig::from_seed(seed);
-        assert!(!cfg.gateway_faults && cfg.client_network_is_clean(), "{cfg:?}");
+        assert!(
+            !cfg.gateway_faults
+                && cfg.client_network_is_clean()
+                && cfg.source == GatewaySource::Static,
+            "{cfg:?}"
+        );
         assert_eq!(run_gateway(cfg).trace_hash, hash, "seed {seed}");
     }
 }
@@ -386,7 +396,11 @@ fn the_checker_catches_a_crashed_gateways_session_seen_complete() {
     assert_eq!(f.invariant, "gateway_client_view", "{f}");
     let o = run_gateway(GatewayConfig::from_seed(5));
     assert!(o.failure.is_none(), "{}", o.failure.unwrap());
-    assert!(o.stats.gw_crashes > 0 && o.stats.gw_orphaned > 0, "{}", o.stats);
+    assert!(
+        o.stats.gw_crashes > 0 && o.stats.gw_orphaned > 0,
+        "{}",
+        o.stats
+    );
 }
 
 /// With a clean network a gateway seed is the run it was before the network could lose and
@@ -480,4 +494,68 @@ fn a_pe_that_aborts_after_every_reply_still_answers() {
     let s = &o.stats;
     assert!(s.sessions_finished > 0, "{s}");
     assert!(s.pongs > 0 && s.failovers_with_cookie >= s.pongs / 2, "{s}");
+}
+
+/// A gateway seed with RSerPool members (PEs registered with a registrar, the pool resolved
+/// every refresh), whatever the seed drew for the source.
+fn gateway_rserpool(seed: u64) -> GatewayConfig {
+    let mut cfg = GatewayConfig::from_seed(seed);
+    if cfg.source != GatewaySource::Rserpool {
+        cfg.source = GatewaySource::Rserpool;
+        cfg.refresh = std::time::Duration::from_secs(2);
+        cfg.churn = true;
+    }
+    cfg
+}
+
+/// Gateway seeds with RSerPool members (more with `SIM_GATEWAY_RSERPOOL_SEEDS=N` from
+/// `SIM_FIRST`): PEs register, crash, deregister and come back, the gateway learns its members
+/// from resolutions; none may break an invariant.
+#[test]
+fn gateway_rserpool_seed_set() {
+    let first = env_u64("SIM_FIRST").unwrap_or(2000);
+    let n = env_u64("SIM_GATEWAY_RSERPOOL_SEEDS").unwrap_or(30);
+    let outcomes: Vec<Outcome> = (first..first + n)
+        .map(|s| run_gateway(gateway_rserpool(s)))
+        .collect();
+    let mut total = rserpool_sim::Stats::default();
+    for o in &outcomes {
+        total.add(&o.stats);
+    }
+    report(&outcomes);
+    assert!(
+        total.gw_resolutions > 0 && total.departures > 0 && total.crashes > 0,
+        "the RSerPool members neither resolve, leave nor crash: {total}"
+    );
+    assert!(
+        total.gw_closed > 0 && total.gw_member_lost > 0 && total.gw_crashes > 0,
+        "the RSerPool gateway seeds exercise too little: {total}"
+    );
+}
+
+/// A member source that never lets a member go: the gateway binds sessions to PEs its last
+/// resolution did not list, and the checker must report `gateway_binds_listed`.
+#[test]
+fn the_checker_catches_a_member_source_that_never_lets_go() {
+    let mut cfg = gateway_rserpool(1);
+    cfg.mutation = Some(Mutation::GatewaySourceOnlyAdds);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a session bound to an unlisted PE went unnoticed");
+    assert_eq!(f.invariant, "gateway_binds_listed", "{f}");
+    let o = run_gateway(gateway_rserpool(1));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+}
+
+/// A gateway that resolves its pool at a tenth of its configured rate: a PE the registrar
+/// removed keeps getting sessions past the refresh interval and its bound, and the checker
+/// must report `gateway_unlisted_unused`.
+#[test]
+fn the_checker_catches_a_gateway_that_resolves_too_rarely() {
+    let mut cfg = gateway_rserpool(1);
+    cfg.mutation = Some(Mutation::GatewaySlowRefresh);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("sessions bound to a PE the registrar removed went unnoticed");
+    assert_eq!(f.invariant, "gateway_unlisted_unused", "{f}");
 }

@@ -7,6 +7,26 @@ use rand_chacha::ChaCha8Rng;
 use rserpool_lsnat::core::policy::LoadSharePolicy;
 use std::time::Duration;
 
+/// Where the gateway's members come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewaySource {
+    /// A static list in the configuration (every member host).
+    Static,
+    /// The RSerPool pool the member hosts' PEs register in with a registrar: the gateway
+    /// resolves it every [`GatewayConfig::refresh`].
+    Rserpool,
+}
+
+impl GatewaySource {
+    /// The option's value (`--gateway-source`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GatewaySource::Static => "static",
+            GatewaySource::Rserpool => "rserpool",
+        }
+    }
+}
+
 /// One run of the gateway simulation; everything not set is drawn from the seed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatewayConfig {
@@ -64,6 +84,13 @@ pub struct GatewayConfig {
     pub client_jitter: Duration,
     /// Faults may cut clients off from the gateway (2–40 s, then the cut heals).
     pub client_partitions: bool,
+    /// Where the members come from.
+    pub source: GatewaySource,
+    /// How often the gateway resolves its pool (RSerPool members).
+    pub refresh: Duration,
+    /// RSerPool members: some member faults are a PE that deregisters (its service stays up)
+    /// and registers again 5–40 s later.
+    pub churn: bool,
 }
 
 impl GatewayConfig {
@@ -112,6 +139,9 @@ impl GatewayConfig {
             client_loss: 0.0,
             client_jitter: Duration::ZERO,
             client_partitions: false,
+            source: GatewaySource::Static,
+            refresh: Duration::from_secs(2),
+            churn: false,
         };
         // The lossy network came later, drawn last: a seed whose network turns out clean and
         // whole runs as before it (no draw of the run depends on these when they are off).
@@ -134,6 +164,12 @@ impl GatewayConfig {
             c.client_jitter = Duration::from_micros(r.random_range(1..20_000));
         }
         c.client_partitions = r.random_bool(0.5);
+        // Members fed by a registrar came last: in a third of the seeds.
+        if r.random_bool(0.35) {
+            c.source = GatewaySource::Rserpool;
+            c.refresh = Duration::from_millis(r.random_range(1_000..5_000));
+            c.churn = r.random_bool(0.7);
+        }
         c
     }
 

@@ -15,8 +15,12 @@
 //! session is checked against the receipts of the incarnation that served it.
 
 mod config;
+mod registry;
 
-pub use config::GatewayConfig;
+pub use config::{GatewayConfig, GatewaySource};
+use registry::{Message, Peer, Registry};
+use rserpool_lsnat::source::SourceUpdate;
+use rserpool_registrar::AssociationId;
 
 use crate::config::Mutation;
 use crate::queue::EventQueue;
@@ -57,6 +61,10 @@ const PROGRESS_BOUND: Duration = Duration::from_secs(20);
 /// The part of [`PROGRESS_BOUND`] a restarted gateway may spend learning its members: a client
 /// that asks after it must be bound.
 const PROGRESS_GRACE: Duration = Duration::from_secs(10);
+
+/// A member the registrar stopped listing takes no new session later than this after the
+/// gateway's next resolution (the answer's round trip, and slack).
+const LISTING_BOUND: Duration = Duration::from_secs(2);
 
 /// What the gateway process is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +159,18 @@ enum Ev {
     ClientFault,
     /// Client cut number `.0` heals.
     ClientHeal(u64),
+    /// A message on a registrar association arrives.
+    Registry(Message),
+    /// The registry's cores' timers.
+    RegistryTimer,
+    /// The gateway of incarnation `.0` resolves its pool.
+    ResolveTick(Gw),
+    /// The registrar's end of an association learns that it is gone (an ABORT, or the
+    /// association timing out).
+    RegistrarAssociationDown(AssociationId),
+    /// Member host `.0`'s PE, which deregistered while the host was at incarnation `.1`,
+    /// registers again.
+    Rejoin(usize, u32),
     Fault,
     Restart(usize),
     Resume(usize),
@@ -196,6 +216,7 @@ impl Ev {
                 | Ev::ProbeRound
                 | Ev::ProbeDone(..)
                 | Ev::Poll
+                | Ev::ResolveTick(..)
         )
     }
 }
@@ -247,9 +268,25 @@ pub struct GatewayWorld {
     /// The client cut under way (its number), if any.
     client_partition: Option<u64>,
     client_partitions: u64,
+    /// RSerPool members: the registrar, the PEs and the gateway's resolver.
+    registry: Option<Registry>,
+    registry_timer_at: Option<Duration>,
+    /// Messages to a paused member's PE, delivered when it resumes.
+    pe_inbox: Vec<Vec<Message>>,
+    /// When the last message on each registrar association direction arrives (they stay in
+    /// order, as on an SCTP stream).
+    association_last: BTreeMap<(AssociationId, bool), Duration>,
+    /// The member hosts the current incarnation's last member list named (RSerPool).
+    last_listed: std::collections::BTreeSet<usize>,
+    /// Whether the registrar lists each member host's PE, and since when it has not.
+    registrar_lists: Vec<bool>,
+    unlisted_since: Vec<Option<Duration>>,
+    /// The member list handed to the core last (kept only for `GatewaySourceOnlyAdds`).
+    source_members: Vec<MemberSpec>,
 }
 
-/// The gateway core of one incarnation, configured from `cfg`, with its static members.
+/// The gateway core of one incarnation, configured from `cfg`, with its static members (or
+/// none yet: RSerPool members come with the first resolution).
 fn build_core(cfg: &GatewayConfig, rng: ChaCha8Rng, members: &[SimMember]) -> Gateway {
     let mut core_cfg = CoreConfig {
         policy: cfg.policy,
@@ -264,6 +301,9 @@ fn build_core(cfg: &GatewayConfig, rng: ChaCha8Rng, members: &[SimMember]) -> Ga
     core_cfg.health.connect_retries = cfg.connect_retries;
     core_cfg.persistence.timeout = cfg.persistence;
     let mut core = Gateway::new(core_cfg, Box::new(rng));
+    if cfg.source == GatewaySource::Rserpool {
+        return core;
+    }
     let specs = members
         .iter()
         .enumerate()
@@ -327,8 +367,31 @@ impl GatewayWorld {
             client_cut: vec![None; n_clients],
             client_partition: None,
             client_partitions: 0,
+            registry: None,
+            registry_timer_at: None,
+            pe_inbox: vec![Vec::new(); n_members],
+            association_last: BTreeMap::new(),
+            last_listed: Default::default(),
+            registrar_lists: vec![false; n_members],
+            unlisted_since: vec![Some(Duration::ZERO); n_members],
+            source_members: Vec::new(),
         };
         w.learn_member_ids();
+        if w.cfg.source == GatewaySource::Rserpool {
+            let services = w
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.address, 1 + (i as u32 % 3)))
+                .collect();
+            let mut reg = Registry::new(w.cfg.seed, services);
+            for i in 0..w.members.len() {
+                reg.start_pe(Duration::ZERO, i, &mut w.rng);
+            }
+            reg.start_resolver(Duration::ZERO);
+            w.registry = Some(reg);
+            w.schedule(Duration::ZERO, Ev::ResolveTick(0));
+        }
         let cfg = format!("{:?}", w.cfg);
         w.note(|| format!("gateway config {cfg}"));
         for c in 0..w.cfg.clients {
@@ -350,14 +413,22 @@ impl GatewayWorld {
         w
     }
 
-    /// Maps the core's member ids (new at every incarnation) to the simulated hosts.
+    /// Maps the core's member ids (new at every incarnation, and for RSerPool members at
+    /// every listing after a member was dropped) to the simulated hosts.
     fn learn_member_ids(&mut self) {
         self.by_id.clear();
         for i in 0..self.members.len() {
-            let key = self.members[i].address.to_string();
-            let id = self.core.member_id(&key).expect("configured");
-            self.members[i].id = id;
-            self.by_id.insert(id, i);
+            let key = match self.cfg.source {
+                GatewaySource::Static => self.members[i].address.to_string(),
+                GatewaySource::Rserpool => format!("pe:{}", Registry::pe_id(i)),
+            };
+            match self.core.member_id(&key) {
+                Some(id) => {
+                    self.members[i].id = id;
+                    self.by_id.insert(id, i);
+                }
+                None => self.members[i].id = MemberId(u32::MAX),
+            }
         }
     }
 
@@ -487,6 +558,10 @@ impl GatewayWorld {
             let end = matches!(ev, Ev::End);
             self.handle(ev);
             self.apply_actions();
+            if self.registry.is_some() {
+                self.pump_registry();
+                self.apply_actions();
+            }
             self.arm_poll();
             if self.failure.is_none() {
                 self.check();
@@ -562,6 +637,38 @@ impl GatewayWorld {
             Ev::ProgressCheck(g) => self.progress_check(g),
             Ev::ClientFault => self.client_fault(),
             Ev::ClientHeal(n) => self.client_heal(n),
+            Ev::Registry(m) => self.registry_message(m),
+            Ev::RegistryTimer => {
+                if self.registry_timer_at.is_some_and(|t| t <= self.now) {
+                    self.registry_timer_at = None;
+                    let members = &self.members;
+                    let gateway_runs = self.gw_state == GatewayState::Up;
+                    if let Some(reg) = self.registry.as_mut() {
+                        reg.timers(
+                            self.now,
+                            |i| members[i].state == MemberState::Up,
+                            gateway_runs,
+                        );
+                    }
+                }
+            }
+            Ev::ResolveTick(g) => {
+                if g == self.gw {
+                    if let Some(reg) = self.registry.as_mut() {
+                        reg.resolve(self.now);
+                    }
+                    // The defect: a gateway that resolves at a tenth of its configured rate.
+                    let slow = self.cfg.mutation == Some(Mutation::GatewaySlowRefresh);
+                    let next = self.cfg.refresh * if slow { 10 } else { 1 };
+                    self.schedule(self.now + next, Ev::ResolveTick(g));
+                }
+            }
+            Ev::RegistrarAssociationDown(a) => {
+                if let Some(reg) = self.registry.as_mut() {
+                    reg.registrar_association_down(self.now, a);
+                }
+            }
+            Ev::Rejoin(i, inc) => self.rejoin(i, inc),
             Ev::Fault => self.fault(),
             Ev::Restart(i) => self.restart(i),
             Ev::Resume(i) => self.resume(i),
@@ -1026,6 +1133,24 @@ impl GatewayWorld {
             return;
         }
         let i = up[self.rng.random_range(0..up.len())];
+        if self.cfg.churn && self.registry.is_some() && self.rng.random_bool(0.25) {
+            let now = self.now;
+            if self
+                .registry
+                .as_mut()
+                .is_some_and(|r| r.deregister_pe(now, i))
+            {
+                let back = Duration::from_millis(self.rng.random_range(5_000..40_000));
+                self.stats.departures += 1;
+                self.hash(20, i as u64);
+                self.note(|| {
+                    format!("LEAVE member {i} (its PE deregisters; the service stays up)")
+                });
+                let inc = self.members[i].inc;
+                self.schedule(now + back, Ev::Rejoin(i, inc));
+                return;
+            }
+        }
         if self.cfg.pauses && self.rng.random_bool(0.3) {
             let d = Duration::from_millis(self.rng.random_range(1_000..30_000));
             self.members[i].state = MemberState::Paused;
@@ -1056,6 +1181,17 @@ impl GatewayWorld {
         let inc = m.inc;
         self.owed.remove(&i);
         let now = self.now;
+        self.pe_inbox[i].clear();
+        if let Some(a) = self.registry.as_mut().and_then(|r| r.stop_pe(i)) {
+            // The registrar hears of it from the kernel's ABORT, or after the association
+            // times out (its keep-alives may notice first).
+            let d = if host {
+                Duration::from_secs(10)
+            } else {
+                self.registry_hop()
+            };
+            self.schedule(now + d, Ev::RegistrarAssociationDown(a));
+        }
         let bound: Vec<SessionId> = self
             .sessions
             .iter_mut()
@@ -1106,6 +1242,9 @@ impl GatewayWorld {
         let was_host = self.members[i].state == MemberState::HostDown;
         self.members[i].state = MemberState::Up;
         self.member_changed[i] = self.now;
+        if let Some(reg) = self.registry.as_mut() {
+            reg.start_pe(self.now, i, &mut self.rng);
+        }
         self.stats.restarts += 1;
         self.hash(10, i as u64);
         self.note(|| format!("RESTART member {i}"));
@@ -1133,6 +1272,12 @@ impl GatewayWorld {
         self.member_changed[i] = self.now;
         self.hash(11, i as u64);
         self.note(|| format!("RESUME member {i}"));
+        let inbox = std::mem::take(&mut self.pe_inbox[i]);
+        if let Some(reg) = self.registry.as_mut() {
+            for m in &inbox {
+                reg.deliver(self.now, m);
+            }
+        }
         self.deliver_owed(i);
     }
 
@@ -1277,6 +1422,146 @@ impl GatewayWorld {
         self.note(|| "END".to_string());
     }
 
+    // ----- RSerPool members: the registrar, the PEs, the gateway's resolver -----
+
+    /// One way on the registrar's network: 0.1–5 ms (reliable, as SCTP).
+    fn registry_hop(&mut self) -> Duration {
+        Duration::from_micros(self.rng.random_range(100..5_000))
+    }
+
+    fn registry_message(&mut self, m: Message) {
+        let Some(reg) = self.registry.as_mut() else {
+            return;
+        };
+        if !m.to_registrar {
+            match reg.owner(m.association) {
+                Some(Peer::Pe(i)) if self.members[i].state == MemberState::Paused => {
+                    self.pe_inbox[i].push(m);
+                    return;
+                }
+                Some(Peer::Resolver) if self.gw_state == GatewayState::Paused => {
+                    self.deferred.push(Ev::Registry(m));
+                    return;
+                }
+                _ => {}
+            }
+        }
+        reg.deliver(self.now, &m);
+    }
+
+    fn rejoin(&mut self, i: usize, inc: u32) {
+        if self.members[i].inc != inc || self.registry.as_ref().is_none_or(|r| r.has_pe(i)) {
+            return;
+        }
+        if self.members[i].state != MemberState::Up {
+            // A paused PE rejoins when it runs again.
+            self.schedule(self.now + Duration::from_secs(1), Ev::Rejoin(i, inc));
+            return;
+        }
+        self.hash(21, i as u64);
+        self.note(|| format!("REJOIN member {i}"));
+        if let Some(reg) = self.registry.as_mut() {
+            reg.start_pe(self.now, i, &mut self.rng);
+        }
+    }
+
+    /// Runs the registry's drivers' part: carries what its cores send, hands resolutions to
+    /// the gateway core as member updates, follows what the registrar lists, arms its timer.
+    fn pump_registry(&mut self) {
+        let Some(reg) = self.registry.as_mut() else {
+            return;
+        };
+        let out = reg.pump(self.now);
+        let listed: Vec<bool> = (0..self.members.len()).map(|i| reg.listed(i)).collect();
+        for n in out.notes {
+            self.note(|| n);
+        }
+        for m in out.messages {
+            let d = self.registry_hop();
+            let key = (m.association, m.to_registrar);
+            let last = self.association_last.get(&key).copied().unwrap_or_default();
+            let at = (self.now + d).max(last + Duration::from_nanos(1));
+            self.association_last.insert(key, at);
+            self.schedule(at, Ev::Registry(m));
+        }
+        self.stats.gw_resolutions += out.resolutions;
+        for u in out.updates {
+            match u {
+                SourceUpdate::Members(mut specs) => {
+                    self.last_listed = (0..self.members.len())
+                        .filter(|&i| {
+                            let key = format!("pe:{}", Registry::pe_id(i));
+                            specs.iter().any(|s| s.key == key)
+                        })
+                        .collect();
+                    self.hash(22, self.last_listed.iter().fold(0, |m, i| m | 1 << i));
+                    if self.cfg.mutation == Some(Mutation::GatewaySourceOnlyAdds) {
+                        // The defect: a member source that never lets a member go.
+                        for old in std::mem::take(&mut self.source_members) {
+                            if specs.iter().all(|s| s.key != old.key) {
+                                specs.push(old);
+                            }
+                        }
+                        self.source_members = specs.clone();
+                    }
+                    self.core.set_members(self.now, specs);
+                }
+                SourceUpdate::Evidence { key, registered } => {
+                    self.core.source_evidence(self.now, &key, registered);
+                }
+            }
+            self.learn_member_ids();
+        }
+        for (i, l) in listed.into_iter().enumerate() {
+            if l != self.registrar_lists[i] {
+                self.registrar_lists[i] = l;
+                self.member_changed[i] = self.now;
+                self.unlisted_since[i] = (!l).then_some(self.now);
+            }
+        }
+        let members = &self.members;
+        let gateway_runs = self.gw_state == GatewayState::Up;
+        let next = self
+            .registry
+            .as_ref()
+            .and_then(|r| r.next_timer(|i| members[i].state == MemberState::Up, gateway_runs));
+        if let Some(t) = next {
+            if self.registry_timer_at != Some(t) {
+                self.registry_timer_at = Some(t);
+                self.schedule(t, Ev::RegistryTimer);
+            }
+        }
+    }
+
+    /// A new session went to member host `i` (RSerPool members): the gateway's last
+    /// resolution listed it (`gateway_binds_listed`), and if the registrar stopped listing it,
+    /// not longer ago than a refresh interval and a bound (`gateway_unlisted_unused`).
+    fn check_listed(&mut self, id: SessionId, i: usize) {
+        if self.registry.is_none() {
+            return;
+        }
+        self.stats.checks += 1;
+        if !self.last_listed.contains(&i) {
+            let msg = format!(
+                "{id} bound to member {i}, which the last resolution of incarnation {} did not list (it listed {:?})",
+                self.gw, self.last_listed
+            );
+            self.fail("gateway_binds_listed", msg);
+            return;
+        }
+        if let Some(t) = self.unlisted_since[i] {
+            let bound = self.cfg.refresh + LISTING_BOUND;
+            let ran = self.gw_state == GatewayState::Up && self.gw_back_at.is_none_or(|b| b <= t);
+            if ran && self.now > t + bound {
+                let msg = format!(
+                    "{id} bound to member {i}, which the registrar has not listed since {t:?} (refresh {:?} + {LISTING_BOUND:?})",
+                    self.cfg.refresh
+                );
+                self.fail("gateway_unlisted_unused", msg);
+            }
+        }
+    }
+
     /// Whether the gateway process is gone (its core is no more).
     fn gw_state_is_down(&self) -> bool {
         matches!(
@@ -1334,6 +1619,14 @@ impl GatewayWorld {
         };
         self.gw += 1;
         self.poll_at = None;
+        if let Some(a) = self.registry.as_mut().and_then(|r| r.stop_resolver()) {
+            let d = if host {
+                Duration::from_secs(10)
+            } else {
+                self.registry_hop()
+            };
+            self.schedule(self.now + d, Ev::RegistrarAssociationDown(a));
+        }
         self.owed.clear();
         self.deferred.clear();
         let orphans = std::mem::take(&mut self.sessions);
@@ -1368,6 +1661,12 @@ impl GatewayWorld {
         let rng = ChaCha8Rng::seed_from_u64(self.xrng.random());
         self.core = build_core(&self.cfg, rng, &self.members);
         self.learn_member_ids();
+        self.last_listed.clear();
+        if let Some(reg) = self.registry.as_mut() {
+            // It learns its members again: a resolution at once, then every refresh.
+            reg.start_resolver(self.now);
+            self.schedule(self.now, Ev::ResolveTick(gw));
+        }
         self.gw_back_at = Some(self.now);
         self.restarted_at = Some(self.now);
         self.bound_since_restart = 0;
@@ -1409,6 +1708,7 @@ impl GatewayWorld {
             self.members[i].state == MemberState::Up
                 && !self.members[i].cut
                 && self.member_changed[i] <= restarted
+                && (self.registry.is_none() || self.registrar_lists[i])
         });
         let asked = self
             .last_arrival
@@ -1516,9 +1816,14 @@ impl GatewayWorld {
             return;
         }
         let bound = r.bound.as_ref().map(|b| b.member);
-        if bound != Some(sel.member) {
-            let msg = format!("{id}: bound to {bound:?}, selected {}", sel.member);
+        let selected = sel.member;
+        if bound != Some(selected) {
+            let msg = format!("{id}: bound to {bound:?}, selected {selected}");
             self.fail("gateway_receipts", msg);
+            return;
+        }
+        if let Some(&i) = self.by_id.get(&selected) {
+            self.check_listed(id, i);
         }
     }
 
