@@ -146,6 +146,10 @@ pub enum Mutation {
     /// The gateway simulation's member source (RSerPool members) never lets a member go: a
     /// PE the registrar stopped listing stays a member, and `gateway_binds_listed` must fail.
     GatewaySourceOnlyAdds,
+    /// The gateway simulation restarts a crashed gateway with its predecessor's session table
+    /// (a restore of state whose connections are gone): `gateway_crash_loses_sessions` must
+    /// fail.
+    GatewayRestartKeepsSessions,
     /// The gateway simulation resolves its pool at a tenth of its configured rate (RSerPool
     /// members): a PE the registrar removed gets sessions too long, and
     /// `gateway_unlisted_unused` must fail.

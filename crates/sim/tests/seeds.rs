@@ -559,3 +559,15 @@ fn the_checker_catches_a_gateway_that_resolves_too_rarely() {
         .expect("sessions bound to a PE the registrar removed went unnoticed");
     assert_eq!(f.invariant, "gateway_unlisted_unused", "{f}");
 }
+
+/// A gateway restarted with its predecessor's session table (state restored, connections
+/// gone): the checker must report `gateway_crash_loses_sessions`.
+#[test]
+fn the_checker_catches_a_restart_that_keeps_dead_sessions() {
+    let mut cfg = GatewayConfig::from_seed(5);
+    cfg.mutation = Some(Mutation::GatewayRestartKeepsSessions);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a restarted gateway holding its predecessor's sessions went unnoticed");
+    assert_eq!(f.invariant, "gateway_crash_loses_sessions", "{f}");
+}

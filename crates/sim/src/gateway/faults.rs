@@ -390,7 +390,10 @@ impl GatewayWorld {
         self.hash(16, u64::from(gw));
         self.note(|| format!("RESTART gateway as incarnation {gw}"));
         let rng = ChaCha8Rng::seed_from_u64(self.xrng.random());
-        self.core = build_core(&self.cfg, rng, &self.members);
+        if self.cfg.mutation != Some(Mutation::GatewayRestartKeepsSessions) {
+            self.core = build_core(&self.cfg, rng, &self.members);
+        }
+        // (The defect keeps the crashed incarnation's core, session table and all.)
         self.learn_member_ids();
         self.last_listed.clear();
         if let Some(reg) = self.registry.as_mut() {
