@@ -133,6 +133,8 @@ pub struct Stats {
     pub gw_client_failed: u64,
     /// Member-list updates a gateway learnt from handle resolutions (RSerPool members).
     pub gw_resolutions: u64,
+    /// Crashes of the registrar that feeds a gateway its members.
+    pub gw_registrar_crashes: u64,
 }
 
 impl Stats {
@@ -180,6 +182,7 @@ impl Stats {
         self.gw_orphaned += o.gw_orphaned;
         self.gw_client_failed += o.gw_client_failed;
         self.gw_resolutions += o.gw_resolutions;
+        self.gw_registrar_crashes += o.gw_registrar_crashes;
     }
 }
 
@@ -190,7 +193,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset; {} gateway crashes, {} gateway pauses, {} sessions lost with the gateway, {} client connects failed, {} member updates from resolutions)",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset; {} gateway crashes, {} gateway pauses, {} sessions lost with the gateway, {} client connects failed, {} member updates from resolutions, {} registrar crashes)",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -232,7 +235,8 @@ impl fmt::Display for Stats {
             self.gw_pauses,
             self.gw_orphaned,
             self.gw_client_failed,
-            self.gw_resolutions
+            self.gw_resolutions,
+            self.gw_registrar_crashes
         )
     }
 }

@@ -91,6 +91,10 @@ pub struct GatewayConfig {
     /// RSerPool members: some member faults are a PE that deregisters (its service stays up)
     /// and registers again 5–40 s later.
     pub churn: bool,
+    /// RSerPool members: the registrar crashes (all state lost) and restarts after 1–20 s.
+    pub registrar_faults: bool,
+    /// Mean time between two registrar crashes.
+    pub registrar_fault_interval: Duration,
 }
 
 impl GatewayConfig {
@@ -142,6 +146,8 @@ impl GatewayConfig {
             source: GatewaySource::Static,
             refresh: Duration::from_secs(2),
             churn: false,
+            registrar_faults: false,
+            registrar_fault_interval: Duration::from_secs(60),
         };
         // The lossy network came later, drawn last: a seed whose network turns out clean and
         // whole runs as before it (no draw of the run depends on these when they are off).
@@ -169,6 +175,8 @@ impl GatewayConfig {
             c.source = GatewaySource::Rserpool;
             c.refresh = Duration::from_millis(r.random_range(1_000..5_000));
             c.churn = r.random_bool(0.7);
+            c.registrar_faults = r.random_bool(0.5);
+            c.registrar_fault_interval = Duration::from_secs(r.random_range(30..90));
         }
         c
     }

@@ -32,6 +32,40 @@ impl GatewayWorld {
         reg.deliver(self.now, &m);
     }
 
+    /// The registrar crashes (all state lost) and restarts 1–20 s later. A crash is not a
+    /// removal: the members' listing is not judged while it is down, and a PE the new
+    /// registrar does not list (yet) is unlisted from its restart on.
+    pub(super) fn registrar_fault(&mut self) {
+        let f = self.exp(self.cfg.registrar_fault_interval);
+        self.schedule(self.now + f, Ev::RegistrarFault);
+        let Some(reg) = self.registry.as_mut().filter(|r| r.registrar_up()) else {
+            return;
+        };
+        reg.crash_registrar(self.now);
+        self.stats.gw_registrar_crashes += 1;
+        self.hash(23, 0);
+        self.note(|| "CRASH registrar".to_string());
+        for i in 0..self.members.len() {
+            self.registrar_lists[i] = false;
+            self.unlisted_since[i] = None;
+            self.member_changed[i] = self.now;
+        }
+        let back = Duration::from_millis(self.rng.random_range(1_000..20_000));
+        self.schedule(self.now + back, Ev::RegistrarRestart);
+    }
+
+    pub(super) fn registrar_restart(&mut self) {
+        let Some(reg) = self.registry.as_mut().filter(|r| !r.registrar_up()) else {
+            return;
+        };
+        reg.restart_registrar(self.now);
+        self.hash(24, 0);
+        self.note(|| "RESTART registrar".to_string());
+        for t in &mut self.unlisted_since {
+            *t = Some(self.now);
+        }
+    }
+
     pub(super) fn rejoin(&mut self, i: usize, inc: u32) {
         if self.members[i].inc != inc || self.registry.as_ref().is_none_or(|r| r.has_pe(i)) {
             return;
@@ -55,6 +89,7 @@ impl GatewayWorld {
             return;
         };
         let out = reg.pump(self.now);
+        let tracking = reg.registrar_up();
         let listed: Vec<bool> = (0..self.members.len()).map(|i| reg.listed(i)).collect();
         for n in out.notes {
             self.note(|| n);
@@ -95,7 +130,7 @@ impl GatewayWorld {
             }
             self.learn_member_ids();
         }
-        for (i, l) in listed.into_iter().enumerate() {
+        for (i, l) in listed.into_iter().enumerate().filter(|_| tracking) {
             if l != self.registrar_lists[i] {
                 self.registrar_lists[i] = l;
                 self.member_changed[i] = self.now;

@@ -171,6 +171,10 @@ enum Ev {
     /// The registrar's end of an association learns that it is gone (an ABORT, or the
     /// association timing out).
     RegistrarAssociationDown(AssociationId),
+    /// The registrar crashes.
+    RegistrarFault,
+    /// The registrar restarts.
+    RegistrarRestart,
     /// Member host `.0`'s PE, which deregistered while the host was at incarnation `.1`,
     /// registers again.
     Rejoin(usize, u32),
@@ -394,6 +398,10 @@ impl GatewayWorld {
             reg.start_resolver(Duration::ZERO);
             w.registry = Some(reg);
             w.schedule(Duration::ZERO, Ev::ResolveTick(0));
+            if w.cfg.registrar_faults {
+                let f = w.exp(w.cfg.registrar_fault_interval);
+                w.schedule(f, Ev::RegistrarFault);
+            }
         }
         let cfg = format!("{:?}", w.cfg);
         w.note(|| format!("gateway config {cfg}"));
@@ -672,6 +680,8 @@ impl GatewayWorld {
                 }
             }
             Ev::Rejoin(i, inc) => self.rejoin(i, inc),
+            Ev::RegistrarFault => self.registrar_fault(),
+            Ev::RegistrarRestart => self.registrar_restart(),
             Ev::Fault => self.fault(),
             Ev::Restart(i) => self.restart(i),
             Ev::Resume(i) => self.resume(i),

@@ -71,7 +71,12 @@ struct PeSlot {
 pub(super) struct Registry {
     registrar: Registrar,
     pes: Vec<Option<PeSlot>>,
-    resolver: Option<(AssociationId, Resolver)>,
+    /// The gateway's resolver and its association (none while the registrar is down).
+    resolver: Option<(Option<AssociationId>, Resolver)>,
+    /// The registrar runs (else it crashed and has not restarted yet).
+    registrar_up: bool,
+    /// The registrar's configuration (a restart starts a fresh core with it).
+    registrar_config: RegistrarConfig,
     owners: BTreeMap<AssociationId, Peer>,
     next_association: u64,
     pool: PoolHandle,
@@ -88,7 +93,9 @@ impl Registry {
         config.seed = Some(seed);
         config.announce = None;
         Registry {
-            registrar: Registrar::new(config, Duration::ZERO),
+            registrar: Registrar::new(config.clone(), Duration::ZERO),
+            registrar_up: true,
+            registrar_config: config,
             pes: services.iter().map(|_| None).collect(),
             resolver: None,
             owners: BTreeMap::new(),
@@ -104,13 +111,52 @@ impl Registry {
         PoolElementId(i as u32 + 1)
     }
 
+    /// Whether the registrar runs.
+    pub fn registrar_up(&self) -> bool {
+        self.registrar_up
+    }
+
+    /// The registrar crashes, all state lost: every association to it is gone (the peers'
+    /// kernels see the ABORT): the PEs hunt (and fail to connect until it is back), the
+    /// resolver's outstanding request fails.
+    pub fn crash_registrar(&mut self, now: Duration) {
+        self.registrar_up = false;
+        self.owners.clear();
+        for slot in self.pes.iter_mut().flatten() {
+            if slot.association.take().is_some() {
+                slot.core.disconnected(now);
+            }
+        }
+        if let Some((a, r)) = self.resolver.as_mut() {
+            if a.take().is_some() {
+                r.disconnected(now);
+            }
+        }
+    }
+
+    /// The registrar restarts (same identifier, empty handlespace); the gateway's resolver
+    /// connects again at once, the PEs at their next hunt.
+    pub fn restart_registrar(&mut self, now: Duration) {
+        self.registrar = Registrar::new(self.registrar_config.clone(), now);
+        self.registrar_up = true;
+        if self.resolver.is_some() {
+            let a = self.new_association(now, Peer::Resolver, GATEWAY, 5000);
+            if let Some((slot, r)) = self.resolver.as_mut() {
+                *slot = Some(a);
+                r.connected(now);
+            }
+        }
+    }
+
     /// Whether the registrar lists member host `i`'s PE now.
     pub fn listed(&self, i: usize) -> bool {
-        self.registrar
-            .handlespace()
-            .pool(&self.pool)
-            .and_then(|p| p.get(Self::pe_id(i)))
-            .is_some()
+        self.registrar_up
+            && self
+                .registrar
+                .handlespace()
+                .pool(&self.pool)
+                .and_then(|p| p.get(Self::pe_id(i)))
+                .is_some()
     }
 
     /// Who holds association `a` (none: it is gone).
@@ -163,18 +209,20 @@ impl Registry {
 
     /// The gateway (a new incarnation) connects its resolver to the registrar.
     pub fn start_resolver(&mut self, now: Duration) {
-        let a = self.new_association(now, Peer::Resolver, GATEWAY, 5000);
         let mut r = Resolver::new(ResolverConfig {
             items: Some(HandleResolutionOption::ALL),
             ..ResolverConfig::default()
         });
-        r.connected(now);
+        let a = self.registrar_up.then(|| {
+            r.connected(now);
+            self.new_association(now, Peer::Resolver, GATEWAY, 5000)
+        });
         self.resolver = Some((a, r));
     }
 
     /// The gateway died with its resolver; returns the resolver's association.
     pub fn stop_resolver(&mut self) -> Option<AssociationId> {
-        let (a, _) = self.resolver.take()?;
+        let a = self.resolver.take()?.0?;
         self.owners.remove(&a);
         Some(a)
     }
@@ -243,7 +291,7 @@ impl Registry {
         pe_runs: impl Fn(usize) -> bool,
         resolver_runs: bool,
     ) -> Option<Duration> {
-        let mut next = self.registrar.poll_timeout();
+        let mut next = self.registrar.poll_timeout().filter(|_| self.registrar_up);
         let mut earlier = |t: Option<Duration>| {
             if let Some(t) = t {
                 next = Some(next.map_or(t, |n: Duration| n.min(t)));
@@ -262,7 +310,7 @@ impl Registry {
 
     /// Runs the timers that are due, of the cores that run.
     pub fn timers(&mut self, now: Duration, pe_runs: impl Fn(usize) -> bool, resolver_runs: bool) {
-        if self.registrar.poll_timeout().is_some_and(|t| t <= now) {
+        if self.registrar_up && self.registrar.poll_timeout().is_some_and(|t| t <= now) {
             self.registrar.handle_timeout(now);
         }
         for (i, s) in self.pes.iter_mut().enumerate() {
@@ -302,7 +350,12 @@ impl Registry {
                     slot.core.disconnected(now);
                 }
             }
-            let connect = slot.core.poll_connect().is_some();
+            let mut connect = slot.core.poll_connect().is_some();
+            if connect && !self.registrar_up {
+                // Refused: the registrar's host answers with an ABORT.
+                slot.core.connect_failed(now);
+                connect = false;
+            }
             let done = slot.core.is_done();
             if let Some(a) = old {
                 self.owners.remove(&a);
@@ -332,11 +385,13 @@ impl Registry {
         }
         if let Some((a, r)) = self.resolver.as_mut() {
             while let Some(bytes) = r.poll_transmit() {
-                out.messages.push(Message {
-                    association: *a,
-                    to_registrar: true,
-                    bytes,
-                });
+                if let Some(a) = *a {
+                    out.messages.push(Message {
+                        association: a,
+                        to_registrar: true,
+                        bytes,
+                    });
+                }
             }
             while let Some(e) = r.poll_event() {
                 match e {
@@ -368,7 +423,7 @@ impl Registry {
                 }
             }
         }
-        while let Some(t) = self.registrar.poll_transmit() {
+        while let Some(t) = self.registrar.poll_transmit().filter(|_| self.registrar_up) {
             if let Destination::Association(a) = t.destination {
                 out.messages.push(Message {
                     association: a,
