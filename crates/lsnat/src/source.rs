@@ -3,7 +3,7 @@
 //! and the registrar's liveness view), behind one trait.
 //!
 //! [`PoolMembership`], which turns handle resolutions into membership updates, is sans-IO and
-//! needs no runtime: the tokio [`RserpoolSource`] and the deterministic simulator both use it.
+//! needs no runtime: the tokio `RserpoolSource` and the deterministic simulator both use it.
 
 use crate::core::member::MemberSpec;
 use crate::core::Protocol;

@@ -187,8 +187,9 @@ fn parse() -> Result<Args, String> {
                                       --clean-network, --clean-client-network,\n\
                                       --gateway-faults, --gateway-source\n\
                      --clean-network  (--gateway) no loss, jitter or partitions on either side\n\
-                                      of the gateway (with --gateway-faults off: a seed as it\n\
-                                      ran before the gateway world's network lost and cut)\n\
+                                      of the gateway (with --gateway-faults off and\n\
+                                      --gateway-source static: a seed as it ran before the\n\
+                                      gateway world's network lost and cut)\n\
                      --clean-client-network  (--gateway) no loss, jitter or cuts between the\n\
                                       clients and the gateway\n\
                      --gateway-faults on|off  (--gateway) the gateway itself crashes (process\n\

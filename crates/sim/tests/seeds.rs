@@ -466,6 +466,19 @@ fn a_gateway_seed_replays_exactly() {
         run_gateway(GatewayConfig::from_seed(8)).trace_hash,
         a.trace_hash
     );
+    // With RSerPool members (registrar, PEs, resolver) and the gateway's own faults too.
+    let mut cfg = gateway_rserpool(2);
+    cfg.gateway_faults = true;
+    let a = run_gateway(cfg.clone());
+    assert!(
+        a.stats.gw_resolutions > 0 && a.stats.gw_crashes > 0,
+        "{}",
+        a.stats
+    );
+    let mut traced = cfg.clone();
+    traced.trace = true;
+    let b = run_gateway(traced);
+    assert_eq!((a.trace_hash, &a.stats), (b.trace_hash, &b.stats));
 }
 
 /// A data plane that reports the connections of a crashed member as closed in order: the
