@@ -447,6 +447,10 @@ impl GatewayWorld {
         let asked = self
             .last_arrival
             .is_some_and(|t| t >= restarted + PROGRESS_GRACE);
+        let bound = self.bound_since_restart;
+        self.note(|| {
+            format!("PROGRESS incarnation {gw}: live member {live:?}, clients asked {asked}, {bound} sessions bound")
+        });
         if let (Some(i), true, 0) = (live, asked, self.bound_since_restart) {
             let msg = format!(
                 "incarnation {gw}, restarted at {restarted:?}, has bound no session in {PROGRESS_BOUND:?} though member {i} was up all along and clients asked (members {:?})",
