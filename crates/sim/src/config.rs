@@ -150,6 +150,10 @@ pub enum Mutation {
     /// (a restore of state whose connections are gone): `gateway_crash_loses_sessions` must
     /// fail.
     GatewayRestartKeepsSessions,
+    /// The gateway simulation's data plane drops a connection its member reset without
+    /// telling the core (which keeps the session bound): `gateway_receipts_own_sessions` must
+    /// fail.
+    GatewayForgetsResets,
     /// The gateway simulation resolves its pool at a tenth of its configured rate (RSerPool
     /// members): a PE the registrar removed gets sessions too long, and
     /// `gateway_unlisted_unused` must fail.

@@ -138,10 +138,11 @@ fn parse() -> Result<Args, String> {
                     "gateway-source-only-adds" => Mutation::GatewaySourceOnlyAdds,
                     "gateway-slow-refresh" => Mutation::GatewaySlowRefresh,
                     "gateway-restart-keeps-sessions" => Mutation::GatewayRestartKeepsSessions,
+                    "gateway-forgets-resets" => Mutation::GatewayForgetsResets,
                     "calcapp-echo-loses-progress" => Mutation::CalcAppEchoLosesProgress,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, gateway-crash-finishes-answers, gateway-source-only-adds, gateway-slow-refresh, gateway-restart-keeps-sessions, calcapp-echo-loses-progress)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, gateway-crash-finishes-answers, gateway-source-only-adds, gateway-slow-refresh, gateway-restart-keeps-sessions, gateway-forgets-resets, calcapp-echo-loses-progress)"
                         ))
                     }
                 })
@@ -179,6 +180,7 @@ fn parse() -> Result<Args, String> {
                                       gateway-crash-finishes-answers,\n\
                                       gateway-source-only-adds, gateway-slow-refresh,\n\
                                       gateway-restart-keeps-sessions,\n\
+                                      gateway-forgets-resets,\n\
                                       calcapp-echo-loses-progress (tests of the checker)\n\
                      --gateway        run the LSNAT gateway core's world instead (clients, data\n\
                                       plane, members that crash, restart and pause, a\n\

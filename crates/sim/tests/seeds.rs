@@ -584,3 +584,16 @@ fn the_checker_catches_a_restart_that_keeps_dead_sessions() {
         .expect("a restarted gateway holding its predecessor's sessions went unnoticed");
     assert_eq!(f.invariant, "gateway_crash_loses_sessions", "{f}");
 }
+
+/// A data plane that drops a connection its member reset without telling the core: the core
+/// keeps a session its data plane no longer has, and the checker must report
+/// `gateway_receipts_own_sessions`.
+#[test]
+fn the_checker_catches_a_session_the_data_plane_forgot() {
+    let mut cfg = GatewayConfig::from_seed(3);
+    cfg.mutation = Some(Mutation::GatewayForgetsResets);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a session the core holds and the data plane forgot went unnoticed");
+    assert_eq!(f.invariant, "gateway_receipts_own_sessions", "{f}");
+}

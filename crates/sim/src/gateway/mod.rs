@@ -1044,6 +1044,11 @@ impl GatewayWorld {
 
     /// The data plane saw a reset from a member whose process died.
     fn member_reset(&mut self, id: SessionId) {
+        if self.cfg.mutation == Some(Mutation::GatewayForgetsResets) {
+            // The defect: the data plane drops the connection without telling the core.
+            self.sessions.remove(&id);
+            return;
+        }
         if self
             .core
             .closed(self.now, id, Outcome::Reset { by: Side::Member })
