@@ -11,8 +11,9 @@
 //!   endpoint.
 //! - [`nat`] is the kernel data plane (`mode = "nat"`): an nftables table of the gateway's own
 //!   whose weight map the core keeps current, and conntrack events as the receipts.
-//! - [`source`] is where members come from: a static list now; an RSerPool pool source plugs in
-//!   through [`source::MemberSource`].
+//! - [`source`] is where members come from: a static list or an RSerPool pool, through
+//!   `source::MemberSource`; [`source::PoolMembership`] turns handle resolutions into member
+//!   lists without a runtime (the simulator uses it too).
 //! - [`config`] reads the TOML file and command-line flags into checked settings.
 //!
 //! Entry point for the `rserpool lsnat` subcommand: [`run`] with [`LsnatArgs`].
@@ -26,7 +27,6 @@ pub mod core;
 pub mod driver;
 #[cfg(feature = "runtime")]
 pub mod nat;
-#[cfg(feature = "runtime")]
 pub mod source;
 
 #[cfg(feature = "runtime")]

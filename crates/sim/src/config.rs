@@ -139,6 +139,25 @@ pub enum Mutation {
     /// The gateway simulation's probes pass a partition (the member looks alive while its
     /// connections are cut off): `gateway_member_lost_in_time` must fail.
     GatewayProbesThroughCut,
+    /// The gateway simulation's data plane, going down, ends its clients' connections that
+    /// had their answer in order (FIN) instead of letting them reset or time out:
+    /// `gateway_client_view` must fail.
+    GatewayCrashFinishesAnswers,
+    /// The gateway simulation's member source (RSerPool members) never lets a member go: a
+    /// PE the registrar stopped listing stays a member, and `gateway_binds_listed` must fail.
+    GatewaySourceOnlyAdds,
+    /// The gateway simulation restarts a crashed gateway with its predecessor's session table
+    /// (a restore of state whose connections are gone): `gateway_crash_loses_sessions` must
+    /// fail.
+    GatewayRestartKeepsSessions,
+    /// The gateway simulation's data plane drops a connection its member reset without
+    /// telling the core (which keeps the session bound): `gateway_receipts_own_sessions` must
+    /// fail.
+    GatewayForgetsResets,
+    /// The gateway simulation resolves its pool at a tenth of its configured rate (RSerPool
+    /// members): a PE the registrar removed gets sessions too long, and
+    /// `gateway_unlisted_unused` must fail.
+    GatewaySlowRefresh,
     /// A CalcApp cookie echo reaches the PE with its progress set to none:
     /// `calcapp_resumes_from_cookie` must fail.
     CalcAppEchoLosesProgress,

@@ -7,8 +7,10 @@
 //! choice comes from one seed, so any run replays exactly. Invariants are checked after every
 //! step; a broken one names the seed, the step and the command that replays it. The LSNAT
 //! gateway core (`rserpool-lsnat` without its runtime) runs in its own world ([`gateway`]):
-//! clients, a simulated data plane and members that crash, restart and pause, over a network
-//! that delays, loses and cuts members off.
+//! clients, a simulated data plane and members that crash, restart and pause, over networks
+//! that delay, lose and cut members and clients off; the gateway itself crashes (a fresh core
+//! restarts) and pauses, and its members may be pool elements registered with a registrar core
+//! that it resolves with the pool user core.
 //!
 //! No tokio, no sockets: the cores are driven directly, as their drivers would.
 //!
@@ -31,7 +33,7 @@ mod world;
 
 pub use capture::{ASAP_GROUP, ENRP_GROUP, MAX_CHUNK_DATA};
 pub use config::{Faults, LinkConfig, Mutation, SimConfig};
-pub use gateway::{run_gateway, GatewayConfig};
+pub use gateway::{run_gateway, GatewayConfig, GatewaySource};
 pub use report::{Failure, Outcome, Stats};
 pub use world::{HostId, World};
 

@@ -10,7 +10,9 @@
 //!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
 //! ```
 
-use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, SimConfig, Stats};
+use rserpool_sim::{
+    run, run_gateway, Faults, GatewayConfig, GatewaySource, Mutation, SimConfig, Stats,
+};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,9 @@ struct Args {
     check_every: Option<u64>,
     gateway: bool,
     clean_network: bool,
+    clean_client_network: bool,
+    gateway_faults: Option<bool>,
+    gateway_source: Option<GatewaySource>,
     pcap: Option<std::path::PathBuf>,
     pcap_limit: u64,
     session_extras_off: bool,
@@ -67,6 +72,9 @@ fn parse() -> Result<Args, String> {
         check_every: None,
         gateway: false,
         clean_network: false,
+        clean_client_network: false,
+        gateway_faults: None,
+        gateway_source: None,
         pcap: None,
         pcap_limit: DEFAULT_PCAP_LIMIT,
         session_extras_off: false,
@@ -91,6 +99,25 @@ fn parse() -> Result<Args, String> {
             "--trace" => a.trace = true,
             "--gateway" => a.gateway = true,
             "--clean-network" => a.clean_network = true,
+            "--clean-client-network" => a.clean_client_network = true,
+            "--gateway-source" => {
+                a.gateway_source = Some(match value("--gateway-source")?.as_str() {
+                    "static" => GatewaySource::Static,
+                    "rserpool" => GatewaySource::Rserpool,
+                    v => {
+                        return Err(format!(
+                            "--gateway-source: `{v}` is neither static nor rserpool"
+                        ))
+                    }
+                })
+            }
+            "--gateway-faults" => {
+                a.gateway_faults = Some(match value("--gateway-faults")?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--gateway-faults: `{v}` is neither on nor off")),
+                })
+            }
             "--pcap" => a.pcap = Some(value("--pcap")?.into()),
             "--pcap-limit" => a.pcap_limit = num("--pcap-limit", value("--pcap-limit")?)?,
             "--faults" => a.faults = Some(Faults::parse(&value("--faults")?)?),
@@ -142,6 +169,11 @@ fn parse() -> Result<Args, String> {
                     "duplicated-session-messages" => Mutation::DuplicatedSessionMessages,
                     "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     "gateway-probes-through-cut" => Mutation::GatewayProbesThroughCut,
+                    "gateway-crash-finishes-answers" => Mutation::GatewayCrashFinishesAnswers,
+                    "gateway-source-only-adds" => Mutation::GatewaySourceOnlyAdds,
+                    "gateway-slow-refresh" => Mutation::GatewaySlowRefresh,
+                    "gateway-restart-keeps-sessions" => Mutation::GatewayRestartKeepsSessions,
+                    "gateway-forgets-resets" => Mutation::GatewayForgetsResets,
                     "calcapp-echo-loses-progress" => Mutation::CalcAppEchoLosesProgress,
                     "ignored-business-cards" => Mutation::IgnoredBusinessCards,
                     "foreign-business-cards" => Mutation::ForeignBusinessCards,
@@ -149,7 +181,7 @@ fn parse() -> Result<Args, String> {
                     "mislabelled-requested-failovers" => Mutation::MislabelledRequestedFailovers,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress, ignored-business-cards, foreign-business-cards, unchecked-cookie-seal, mislabelled-requested-failovers)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress, ignored-business-cards, foreign-business-cards, unchecked-cookie-seal, mislabelled-requested-failovers, gateway-crash-finishes-answers, gateway-source-only-adds, gateway-slow-refresh, gateway-restart-keeps-sessions, gateway-forgets-resets)"
                         ))
                     }
                 })
@@ -197,6 +229,10 @@ fn parse() -> Result<Args, String> {
                                       duplicated-session-messages,\n\
                                       gateway-fin-from-dead-member,\n\
                                       gateway-probes-through-cut,\n\
+                                      gateway-crash-finishes-answers,\n\
+                                      gateway-source-only-adds, gateway-slow-refresh,\n\
+                                      gateway-restart-keeps-sessions,\n\
+                                      gateway-forgets-resets,\n\
                                       calcapp-echo-loses-progress, ignored-business-cards,\n\
                                       foreign-business-cards, unchecked-cookie-seal,\n\
                                       mislabelled-requested-failovers (tests of the checker)\n\
@@ -204,9 +240,20 @@ fn parse() -> Result<Args, String> {
                                       plane, members that crash, restart and pause, a\n\
                                       network that loses and cuts members off); takes\n\
                                       --seeds, --first, --seed, --trace, --mutation,\n\
-                                      --clean-network\n\
-                     --clean-network  (--gateway) no loss, jitter or partitions: a seed as it\n\
-                                      ran before the gateway world's network lost and cut"
+                                      --clean-network, --clean-client-network,\n\
+                                      --gateway-faults, --gateway-source\n\
+                     --clean-network  (--gateway) no loss, jitter or partitions on either side\n\
+                                      of the gateway (with --gateway-faults off and\n\
+                                      --gateway-source static: a seed as it ran before the\n\
+                                      gateway world's network lost and cut)\n\
+                     --clean-client-network  (--gateway) no loss, jitter or cuts between the\n\
+                                      clients and the gateway\n\
+                     --gateway-faults on|off  (--gateway) the gateway itself crashes (process\n\
+                                      or host, state lost), restarts and pauses (default:\n\
+                                      from the seed)\n\
+                     --gateway-source static|rserpool  (--gateway) members from a static list,\n\
+                                      or PEs registered with a registrar that the gateway\n\
+                                      resolves (default: from the seed)"
                 );
                 std::process::exit(0);
             }
@@ -270,9 +317,21 @@ fn main() -> ExitCode {
             cfg.trace = args.trace;
             cfg.mutation = args.mutation;
             if args.clean_network {
-                cfg.loss = 0.0;
-                cfg.jitter = Duration::ZERO;
-                cfg.partitions = false;
+                cfg = cfg.clean_network();
+            }
+            if args.clean_client_network {
+                cfg = cfg.clean_client_network();
+            }
+            if let Some(on) = args.gateway_faults {
+                cfg.gateway_faults = on;
+            }
+            if let Some(source) = args.gateway_source {
+                if source == GatewaySource::Rserpool && cfg.source != source {
+                    // The seed drew static members: RSerPool ones with the defaults.
+                    cfg.refresh = Duration::from_secs(2);
+                    cfg.churn = true;
+                }
+                cfg.source = source;
             }
             let o = run_gateway(cfg);
             for line in &o.trace {

@@ -134,6 +134,20 @@ pub struct Stats {
     pub manual_failovers: u64,
     /// Failovers the application of a bound session asked for itself.
     pub requested_failovers: u64,
+    /// Crashes of the gateway itself (each a new incarnation).
+    pub gw_crashes: u64,
+    /// Pauses of the gateway itself.
+    pub gw_pauses: u64,
+    /// Sessions that died with a crashed gateway incarnation (their clients saw a reset or a
+    /// timeout).
+    pub gw_orphaned: u64,
+    /// Client connections that never reached a running gateway (down, or a SYN lost until the
+    /// client gave up).
+    pub gw_client_failed: u64,
+    /// Member-list updates a gateway learnt from handle resolutions (RSerPool members).
+    pub gw_resolutions: u64,
+    /// Crashes of the registrar that feeds a gateway its members.
+    pub gw_registrar_crashes: u64,
 }
 
 impl Stats {
@@ -182,6 +196,12 @@ impl Stats {
         self.cookies_tampered += o.cookies_tampered;
         self.manual_failovers += o.manual_failovers;
         self.requested_failovers += o.requested_failovers;
+        self.gw_crashes += o.gw_crashes;
+        self.gw_pauses += o.gw_pauses;
+        self.gw_orphaned += o.gw_orphaned;
+        self.gw_client_failed += o.gw_client_failed;
+        self.gw_resolutions += o.gw_resolutions;
+        self.gw_registrar_crashes += o.gw_registrar_crashes;
     }
 }
 
@@ -192,7 +212,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset)",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset; {} gateway crashes, {} gateway pauses, {} sessions lost with the gateway, {} client connects failed, {} member updates from resolutions, {} registrar crashes)",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -229,7 +249,13 @@ impl fmt::Display for Stats {
             self.gw_closed,
             self.gw_member_lost,
             self.gw_connect_failed,
-            self.gw_reset
+            self.gw_reset,
+            self.gw_crashes,
+            self.gw_pauses,
+            self.gw_orphaned,
+            self.gw_client_failed,
+            self.gw_resolutions,
+            self.gw_registrar_crashes
         )?;
         write!(
             f,

@@ -2,7 +2,9 @@
 //! `SIM_FIRST=S`), replay of one seed (`SIM_SEED=S`), determinism, and proof that the checker
 //! catches deliberate defects.
 
-use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, Outcome, SimConfig};
+use rserpool_sim::{
+    run, run_gateway, Faults, GatewayConfig, GatewaySource, Mutation, Outcome, SimConfig,
+};
 
 /// Seeds run by `cargo test` when `SIM_SEEDS` is not set (about 30 s of CPU in a debug build,
 /// sessions included).
@@ -329,15 +331,76 @@ fn gateway_seed_set() {
         total.partitions > 0 && total.datagrams_lost > 0 && total.retransmissions > 0,
         "the gateway seeds' network neither cuts nor loses: {total}"
     );
+    assert!(
+        total.gw_crashes > 0 && total.gw_pauses > 0 && total.gw_orphaned > 0,
+        "the gateway itself never crashed or paused with sessions open: {total}"
+    );
+    assert!(
+        total.gw_client_failed > 0,
+        "no client connection failed (a gateway down, a cut client): {total}"
+    );
 }
 
 /// A gateway seed as it ran before its network could lose, jitter and cut members off.
 fn gateway_clean_network(seed: u64) -> GatewayConfig {
-    let mut cfg = GatewayConfig::from_seed(seed);
-    cfg.loss = 0.0;
-    cfg.jitter = std::time::Duration::ZERO;
-    cfg.partitions = false;
+    let mut cfg = GatewayConfig::from_seed(seed).clean_network();
+    cfg.gateway_faults = false;
+    cfg.source = GatewaySource::Static;
     cfg
+}
+
+/// A gateway seed as it ran before the gateway itself could crash and pause and before the
+/// clients' network could lose and cut.
+fn gateway_without_gateway_faults(seed: u64) -> GatewayConfig {
+    let mut cfg = GatewayConfig::from_seed(seed).clean_client_network();
+    cfg.gateway_faults = false;
+    cfg.source = GatewaySource::Static;
+    cfg
+}
+
+/// Without faults of the gateway itself and with a clean client network a gateway seed is the
+/// run it was before they existed (the hashes it gave then); seeds 3 and 22 draw them off (and
+/// static members).
+#[test]
+fn a_gateway_seed_without_gateway_faults_runs_as_before() {
+    assert_eq!(
+        run_gateway(gateway_without_gateway_faults(2)).trace_hash,
+        0x7684_898a_8201_cb12
+    );
+    assert_eq!(
+        run_gateway(gateway_without_gateway_faults(7)).trace_hash,
+        0xa91a_2e50_5cc9_1478
+    );
+    for (seed, hash) in [(3, 0xdf9b_1473_46c4_d35b), (22, 0xca1a_5ba6_33e6_0d5e)] {
+        let cfg = GatewayConfig::from_seed(seed);
+        assert!(
+            !cfg.gateway_faults
+                && cfg.client_network_is_clean()
+                && cfg.source == GatewaySource::Static,
+            "{cfg:?}"
+        );
+        assert_eq!(run_gateway(cfg).trace_hash, hash, "seed {seed}");
+    }
+}
+
+/// A data plane that, going down, ends its clients' answered connections in order: those
+/// clients count a complete answer that no receipt records, and the checker must report
+/// `gateway_client_view`. Without the defect the same seed passes, with the gateway crashing.
+#[test]
+fn the_checker_catches_a_crashed_gateways_session_seen_complete() {
+    let mut cfg = GatewayConfig::from_seed(5);
+    cfg.mutation = Some(Mutation::GatewayCrashFinishesAnswers);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a session of a crashed gateway seen complete went unnoticed");
+    assert_eq!(f.invariant, "gateway_client_view", "{f}");
+    let o = run_gateway(GatewayConfig::from_seed(5));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    assert!(
+        o.stats.gw_crashes > 0 && o.stats.gw_orphaned > 0,
+        "{}",
+        o.stats
+    );
 }
 
 /// With a clean network a gateway seed is the run it was before the network could lose and
@@ -403,6 +466,19 @@ fn a_gateway_seed_replays_exactly() {
         run_gateway(GatewayConfig::from_seed(8)).trace_hash,
         a.trace_hash
     );
+    // With RSerPool members (registrar, PEs, resolver) and the gateway's own faults too.
+    let mut cfg = gateway_rserpool(2);
+    cfg.gateway_faults = true;
+    let a = run_gateway(cfg.clone());
+    assert!(
+        a.stats.gw_resolutions > 0 && a.stats.gw_crashes > 0,
+        "{}",
+        a.stats
+    );
+    let mut traced = cfg.clone();
+    traced.trace = true;
+    let b = run_gateway(traced);
+    assert_eq!((a.trace_hash, &a.stats), (b.trace_hash, &b.stats));
 }
 
 /// A data plane that reports the connections of a crashed member as closed in order: the
@@ -560,4 +636,93 @@ fn two_takeovers_of_a_live_registrar_in_separate_episodes_are_not_two_winners() 
     let o = run(SimConfig::from_seed(899));
     assert!(o.stats.takeovers >= 2, "seed 899 runs two takeovers");
     report(&[o]);
+}
+
+/// A gateway seed with RSerPool members (PEs registered with a registrar, the pool resolved
+/// every refresh), whatever the seed drew for the source.
+fn gateway_rserpool(seed: u64) -> GatewayConfig {
+    let mut cfg = GatewayConfig::from_seed(seed);
+    if cfg.source != GatewaySource::Rserpool {
+        cfg.source = GatewaySource::Rserpool;
+        cfg.refresh = std::time::Duration::from_secs(2);
+        cfg.churn = true;
+    }
+    cfg
+}
+
+/// Gateway seeds with RSerPool members (more with `SIM_GATEWAY_RSERPOOL_SEEDS=N` from
+/// `SIM_FIRST`): PEs register, crash, deregister and come back, the gateway learns its members
+/// from resolutions; none may break an invariant.
+#[test]
+fn gateway_rserpool_seed_set() {
+    let first = env_u64("SIM_FIRST").unwrap_or(2000);
+    let n = env_u64("SIM_GATEWAY_RSERPOOL_SEEDS").unwrap_or(30);
+    let outcomes: Vec<Outcome> = (first..first + n)
+        .map(|s| run_gateway(gateway_rserpool(s)))
+        .collect();
+    let mut total = rserpool_sim::Stats::default();
+    for o in &outcomes {
+        total.add(&o.stats);
+    }
+    report(&outcomes);
+    assert!(
+        total.gw_resolutions > 0 && total.departures > 0 && total.crashes > 0,
+        "the RSerPool members neither resolve, leave nor crash: {total}"
+    );
+    assert!(
+        total.gw_closed > 0 && total.gw_member_lost > 0 && total.gw_crashes > 0,
+        "the RSerPool gateway seeds exercise too little: {total}"
+    );
+}
+
+/// A member source that never lets a member go: the gateway binds sessions to PEs its last
+/// resolution did not list, and the checker must report `gateway_binds_listed`.
+#[test]
+fn the_checker_catches_a_member_source_that_never_lets_go() {
+    let mut cfg = gateway_rserpool(1);
+    cfg.mutation = Some(Mutation::GatewaySourceOnlyAdds);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a session bound to an unlisted PE went unnoticed");
+    assert_eq!(f.invariant, "gateway_binds_listed", "{f}");
+    let o = run_gateway(gateway_rserpool(1));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+}
+
+/// A gateway that resolves its pool at a tenth of its configured rate: a PE the registrar
+/// removed keeps getting sessions past the refresh interval and its bound, and the checker
+/// must report `gateway_unlisted_unused`.
+#[test]
+fn the_checker_catches_a_gateway_that_resolves_too_rarely() {
+    let mut cfg = gateway_rserpool(1);
+    cfg.mutation = Some(Mutation::GatewaySlowRefresh);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("sessions bound to a PE the registrar removed went unnoticed");
+    assert_eq!(f.invariant, "gateway_unlisted_unused", "{f}");
+}
+
+/// A gateway restarted with its predecessor's session table (state restored, connections
+/// gone): the checker must report `gateway_crash_loses_sessions`.
+#[test]
+fn the_checker_catches_a_restart_that_keeps_dead_sessions() {
+    let mut cfg = GatewayConfig::from_seed(5);
+    cfg.mutation = Some(Mutation::GatewayRestartKeepsSessions);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a restarted gateway holding its predecessor's sessions went unnoticed");
+    assert_eq!(f.invariant, "gateway_crash_loses_sessions", "{f}");
+}
+
+/// A data plane that drops a connection its member reset without telling the core: the core
+/// keeps a session its data plane no longer has, and the checker must report
+/// `gateway_receipts_own_sessions`.
+#[test]
+fn the_checker_catches_a_session_the_data_plane_forgot() {
+    let mut cfg = GatewayConfig::from_seed(3);
+    cfg.mutation = Some(Mutation::GatewayForgetsResets);
+    let f = run_gateway(cfg)
+        .failure
+        .expect("a session the core holds and the data plane forgot went unnoticed");
+    assert_eq!(f.invariant, "gateway_receipts_own_sessions", "{f}");
 }

@@ -8,6 +8,22 @@
 //! a session whose member died ends as member lost, connect failed or reset by the member,
 //! never closed; a member that stays dead has its sessions ended in bounded time; every
 //! selection receipt lists the inputs it used; the limits hold.
+//!
+//! The gateway itself crashes (state lost: a fresh core restarts with an empty session table,
+//! learns its members again and probes) and pauses, and the network between the clients and the
+//! gateway loses, delays and cuts as the members' side does; then the client's own view of each
+//! session is checked against the receipts of the incarnation that served it.
+
+mod checks;
+mod config;
+mod faults;
+mod members;
+mod registry;
+
+pub use config::{GatewayConfig, GatewaySource};
+use registry::{Message, Peer, Registry};
+use rserpool_lsnat::source::SourceUpdate;
+use rserpool_registrar::AssociationId;
 
 use crate::config::Mutation;
 use crate::queue::EventQueue;
@@ -42,105 +58,28 @@ const SESSION_BOUND: Duration = Duration::from_secs(150);
 const SYN_RETRY: Duration = Duration::from_secs(1);
 /// A lost segment of an established connection is sent again after this long (doubling).
 const SEGMENT_RTO: Duration = Duration::from_millis(200);
+/// A restarted gateway with a live member binds a client's session within this long (it learns
+/// its members and probes them first).
+const PROGRESS_BOUND: Duration = Duration::from_secs(20);
+/// The part of [`PROGRESS_BOUND`] a restarted gateway may spend learning its members: a client
+/// that asks after it must be bound.
+const PROGRESS_GRACE: Duration = Duration::from_secs(10);
 
-/// One run of the gateway simulation; everything not set is drawn from the seed.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GatewayConfig {
-    /// The seed.
-    pub seed: u64,
-    /// Pool members behind the virtual address.
-    pub members: usize,
-    /// Clients opening sessions.
-    pub clients: usize,
-    /// Mean time between two sessions of one client.
-    pub open_interval: Duration,
-    /// The load-share policy.
-    pub policy: LoadSharePolicy,
-    /// `limits.max_sessions` of the gateway.
-    pub max_sessions: u32,
-    /// `limits.max_sessions_per_member`.
-    pub max_sessions_per_member: u32,
-    /// `health.response_timeout`: client data unanswered this long counts against a member.
-    pub response_timeout: Option<Duration>,
-    /// Mean time between two member faults (crash or pause).
-    pub fault_interval: Duration,
-    /// Members pause (SIGSTOP-like: the kernel still accepts connections).
-    pub pauses: bool,
-    /// Length of the run.
-    pub length: Duration,
-    /// `health.panic_threshold_percent` (0: off).
-    pub panic_threshold_percent: u8,
-    /// `health.connect_retries`: other members a session may be rebound to.
-    pub connect_retries: u32,
-    /// `persistence.timeout` (zero: no persistence).
-    pub persistence: Duration,
-    /// Keep a readable trace.
-    pub trace: bool,
-    /// A deliberate defect (tests of the checker).
-    pub mutation: Option<Mutation>,
-    /// Each packet between the gateway and a member is lost with this probability: a lost
-    /// probe times out, a lost SYN is sent again after 1 s (doubling; the connect times out
-    /// after 3 s), a lost segment costs a retransmission (200 ms, doubling). 0: no loss.
-    pub loss: f64,
-    /// Each hop adds a uniform delay of up to this much (zero: none).
-    pub jitter: Duration,
-    /// Faults may cut some members off from the gateway (2–40 s, then the cut heals).
-    pub partitions: bool,
-}
+/// A member the registrar stopped listing takes no new session later than this after the
+/// gateway's next resolution (the answer's round trip, and slack).
+const LISTING_BOUND: Duration = Duration::from_secs(2);
 
-impl GatewayConfig {
-    /// A run drawn from `seed`: 2–8 members, 1–6 clients, a policy, tight limits (so that they
-    /// are reached), faults every 5–30 s, and in half of the seeds each a panic threshold and
-    /// client persistence; 0–3 connect retries.
-    pub fn from_seed(seed: u64) -> Self {
-        let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x6a7e_3a11_0000_0000);
-        let policies: Vec<LoadSharePolicy> = LoadSharePolicy::ALL
-            .iter()
-            .map(|(_, p)| *p)
-            .filter(|p| *p != LoadSharePolicy::Pool)
-            .collect();
-        let mut c = GatewayConfig {
-            seed,
-            members: r.random_range(2..=8),
-            clients: r.random_range(1..=6),
-            open_interval: Duration::from_millis(r.random_range(100..2000)),
-            policy: policies[r.random_range(0..policies.len())],
-            max_sessions: r.random_range(4..40),
-            max_sessions_per_member: r.random_range(2..12),
-            response_timeout: r
-                .random_bool(0.7)
-                .then(|| Duration::from_secs(r.random_range(2..8))),
-            fault_interval: Duration::from_secs(r.random_range(5..30)),
-            pauses: r.random_bool(0.5),
-            length: Duration::from_secs(r.random_range(60..240)),
-            trace: false,
-            mutation: None,
-            panic_threshold_percent: if r.random_bool(0.5) {
-                r.random_range(20..70)
-            } else {
-                0
-            },
-            connect_retries: r.random_range(0..=3),
-            persistence: if r.random_bool(0.5) {
-                Duration::from_secs(r.random_range(5..60))
-            } else {
-                Duration::ZERO
-            },
-            loss: 0.0,
-            jitter: Duration::ZERO,
-            partitions: false,
-        };
-        // The lossy network came later, drawn last: a seed whose network turns out clean and
-        // whole runs as before it (no draw of the run depends on these when they are off).
-        if r.random_bool(0.5) {
-            c.loss = r.random_range(0.0..0.1);
-        }
-        if r.random_bool(0.5) {
-            c.jitter = Duration::from_micros(r.random_range(1..20_000));
-        }
-        c.partitions = r.random_bool(0.5);
-        c
-    }
+/// What the gateway process is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GatewayState {
+    Up,
+    /// SIGSTOP-like: the kernel accepts connections and buffers data; the process neither
+    /// reads, sends, probes nor runs timers until it resumes.
+    Paused,
+    /// The process died: the kernel resets every connection and refuses new ones.
+    ProcessDown,
+    /// The host is gone: nothing answers.
+    HostDown,
 }
 
 /// What a member host is doing.
@@ -179,6 +118,8 @@ enum Phase {
 }
 
 struct SimSession {
+    /// The client that opened it.
+    client: usize,
     member: usize,
     /// The member's incarnation when the session was bound to it.
     inc: u32,
@@ -194,17 +135,49 @@ struct SimSession {
     connect_lost: bool,
 }
 
+/// The events of the world. Those of the data plane carry the gateway incarnation (`Gw`) they
+/// belong to: a crash of the gateway makes them stale (its connections died with it).
 #[derive(Debug, Clone)]
 enum Ev {
     Open(usize),
+    /// Client `.0`'s SYN (from port `.1`) reaches the gateway.
+    SynArrives(usize, u16),
     /// The connect of a session to member `.1` (incarnation `.2`) is answered (or timed out).
-    ConnectDone(SessionId, usize, u32),
-    Request(SessionId),
-    Answer(SessionId, u32),
-    ClientClose(SessionId),
-    MemberFin(SessionId, u32),
+    ConnectDone(Gw, SessionId, usize, u32),
+    Request(Gw, SessionId),
+    Answer(Gw, SessionId, u32),
+    ClientClose(Gw, SessionId),
+    MemberFin(Gw, SessionId, u32),
+    /// A member's reset reaches a paused gateway's kernel: handled when the process runs.
+    MemberReset(Gw, SessionId),
+    /// The gateway's FIN after the member's reaches the client: its session is complete.
+    ClientFin(Gw, SessionId, usize),
     ProbeRound,
-    ProbeDone(MemberId, Result<(), String>),
+    ProbeDone(Gw, MemberId, Result<(), String>),
+    GatewayFault,
+    GatewayRestart(Gw),
+    GatewayResume(Gw),
+    /// A restarted gateway (incarnation `.0`) must have bound a session by now.
+    ProgressCheck(Gw),
+    ClientFault,
+    /// Client cut number `.0` heals.
+    ClientHeal(u64),
+    /// A message on a registrar association arrives.
+    Registry(Message),
+    /// The registry's cores' timers.
+    RegistryTimer,
+    /// The gateway of incarnation `.0` resolves its pool.
+    ResolveTick(Gw),
+    /// The registrar's end of an association learns that it is gone (an ABORT, or the
+    /// association timing out).
+    RegistrarAssociationDown(AssociationId),
+    /// The registrar crashes.
+    RegistrarFault,
+    /// The registrar restarts.
+    RegistrarRestart,
+    /// Member host `.0`'s PE, which deregistered while the host was at incarnation `.1`,
+    /// registers again.
+    Rejoin(usize, u32),
     Fault,
     Restart(usize),
     Resume(usize),
@@ -215,6 +188,44 @@ enum Ev {
     CutCheck(usize, u64),
     Poll,
     End,
+}
+
+/// A gateway incarnation (0 at the start, one more at every crash).
+type Gw = u32;
+
+impl Ev {
+    /// The incarnation a data-plane event belongs to.
+    fn incarnation(&self) -> Option<Gw> {
+        match self {
+            Ev::ConnectDone(g, ..)
+            | Ev::Request(g, _)
+            | Ev::Answer(g, ..)
+            | Ev::ClientClose(g, _)
+            | Ev::MemberFin(g, ..)
+            | Ev::MemberReset(g, _)
+            | Ev::ProbeDone(g, ..) => Some(*g),
+            _ => None,
+        }
+    }
+
+    /// Whether the event needs the gateway process to run (a paused one handles it when it
+    /// resumes).
+    fn needs_process(&self) -> bool {
+        matches!(
+            self,
+            Ev::SynArrives(..)
+                | Ev::ConnectDone(..)
+                | Ev::Request(..)
+                | Ev::Answer(..)
+                | Ev::ClientClose(..)
+                | Ev::MemberFin(..)
+                | Ev::MemberReset(..)
+                | Ev::ProbeRound
+                | Ev::ProbeDone(..)
+                | Ev::Poll
+                | Ev::ResolveTick(..)
+        )
+    }
 }
 
 /// The gateway world of one run.
@@ -239,6 +250,74 @@ pub struct GatewayWorld {
     failure: Option<Failure>,
     trace: Option<Vec<String>>,
     trace_hash: u64,
+    /// The random stream of the gateway's own faults and of the clients' network (drawn from
+    /// only when they are on, so that a seed without them runs as before they existed).
+    xrng: ChaCha8Rng,
+    /// The gateway process.
+    gw_state: GatewayState,
+    /// The current incarnation.
+    gw: Gw,
+    /// When the gateway last came back (restart or resume), if it ever went away.
+    gw_back_at: Option<Duration>,
+    /// When the current incarnation started, and whether it has bound a session since.
+    restarted_at: Option<Duration>,
+    bound_since_restart: u64,
+    /// When a client's SYN last reached a running gateway.
+    last_arrival: Option<Duration>,
+    /// What a paused gateway has yet to handle, in arrival order.
+    deferred: Vec<Ev>,
+    /// When each member last changed state (crash, restart, pause, resume, cut, heal).
+    member_changed: Vec<Duration>,
+    /// Sessions whose receipt says `closed`, until their client has seen the end.
+    closed_receipts: std::collections::BTreeSet<(Gw, SessionId)>,
+    /// Each client's cut heals at this time (if cut).
+    client_cut: Vec<Option<Duration>>,
+    /// The client cut under way (its number), if any.
+    client_partition: Option<u64>,
+    client_partitions: u64,
+    /// RSerPool members: the registrar, the PEs and the gateway's resolver.
+    registry: Option<Registry>,
+    registry_timer_at: Option<Duration>,
+    /// Messages to a paused member's PE, delivered when it resumes.
+    pe_inbox: Vec<Vec<Message>>,
+    /// When the last message on each registrar association direction arrives (they stay in
+    /// order, as on an SCTP stream).
+    association_last: BTreeMap<(AssociationId, bool), Duration>,
+    /// The member hosts the current incarnation's last member list named (RSerPool).
+    last_listed: std::collections::BTreeSet<usize>,
+    /// Whether the registrar lists each member host's PE, and since when it has not.
+    registrar_lists: Vec<bool>,
+    unlisted_since: Vec<Option<Duration>>,
+    /// The member list handed to the core last (kept only for `GatewaySourceOnlyAdds`).
+    source_members: Vec<MemberSpec>,
+}
+
+/// The gateway core of one incarnation, configured from `cfg`, with its static members (or
+/// none yet: RSerPool members come with the first resolution).
+fn build_core(cfg: &GatewayConfig, rng: ChaCha8Rng, members: &[SimMember]) -> Gateway {
+    let mut core_cfg = CoreConfig {
+        policy: cfg.policy,
+        ..CoreConfig::default()
+    };
+    core_cfg.limits.max_sessions = cfg.max_sessions;
+    core_cfg.limits.max_sessions_per_member = cfg.max_sessions_per_member;
+    core_cfg.limits.receipt_candidates = 4;
+    core_cfg.health.response_timeout = cfg.response_timeout;
+    core_cfg.health.liveness.slow_start = Duration::from_secs(5);
+    core_cfg.health.panic_threshold_percent = cfg.panic_threshold_percent;
+    core_cfg.health.connect_retries = cfg.connect_retries;
+    core_cfg.persistence.timeout = cfg.persistence;
+    let mut core = Gateway::new(core_cfg, Box::new(rng));
+    if cfg.source == GatewaySource::Rserpool {
+        return core;
+    }
+    let specs = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| MemberSpec::new(m.address).weight(1 + (i as u32 % 3)))
+        .collect();
+    core.set_members(Duration::ZERO, specs);
+    core
 }
 
 /// Runs one gateway simulation to its end (or its first broken invariant).
@@ -250,20 +329,7 @@ impl GatewayWorld {
     /// The world of `cfg`: members configured in the core, first events scheduled.
     pub fn new(cfg: GatewayConfig) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-        let mut core_cfg = CoreConfig {
-            policy: cfg.policy,
-            ..CoreConfig::default()
-        };
-        core_cfg.limits.max_sessions = cfg.max_sessions;
-        core_cfg.limits.max_sessions_per_member = cfg.max_sessions_per_member;
-        core_cfg.limits.receipt_candidates = 4;
-        core_cfg.health.response_timeout = cfg.response_timeout;
-        core_cfg.health.liveness.slow_start = Duration::from_secs(5);
-        core_cfg.health.panic_threshold_percent = cfg.panic_threshold_percent;
-        core_cfg.health.connect_retries = cfg.connect_retries;
-        core_cfg.persistence.timeout = cfg.persistence;
         let core_rng = ChaCha8Rng::seed_from_u64(rng.random());
-        let mut core = Gateway::new(core_cfg, Box::new(core_rng));
         let members: Vec<SimMember> = (0..cfg.members)
             .map(|i| SimMember {
                 address: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 8, 0, i as u8 + 1)), 8080),
@@ -273,12 +339,9 @@ impl GatewayWorld {
                 id: MemberId(0),
             })
             .collect();
-        let specs = members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| MemberSpec::new(m.address).weight(1 + (i as u32 % 3)))
-            .collect();
-        core.set_members(Duration::ZERO, specs);
+        let core = build_core(&cfg, core_rng, &members);
+        let (n_members, n_clients) = (members.len(), cfg.clients);
+        let xrng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x0c11_e47a_9a7e_0014);
         let mut w = GatewayWorld {
             trace: cfg.trace.then(Vec::new),
             cfg,
@@ -298,12 +361,47 @@ impl GatewayWorld {
             stats: Stats::default(),
             failure: None,
             trace_hash: 0xcbf2_9ce4_8422_2325,
+            xrng,
+            gw_state: GatewayState::Up,
+            gw: 0,
+            gw_back_at: None,
+            restarted_at: None,
+            bound_since_restart: 0,
+            last_arrival: None,
+            deferred: Vec::new(),
+            member_changed: vec![Duration::ZERO; n_members],
+            closed_receipts: Default::default(),
+            client_cut: vec![None; n_clients],
+            client_partition: None,
+            client_partitions: 0,
+            registry: None,
+            registry_timer_at: None,
+            pe_inbox: vec![Vec::new(); n_members],
+            association_last: BTreeMap::new(),
+            last_listed: Default::default(),
+            registrar_lists: vec![false; n_members],
+            unlisted_since: vec![Some(Duration::ZERO); n_members],
+            source_members: Vec::new(),
         };
-        for i in 0..w.members.len() {
-            let key = w.members[i].address.to_string();
-            let id = w.core.member_id(&key).expect("configured");
-            w.members[i].id = id;
-            w.by_id.insert(id, i);
+        w.learn_member_ids();
+        if w.cfg.source == GatewaySource::Rserpool {
+            let services = w
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.address, 1 + (i as u32 % 3)))
+                .collect();
+            let mut reg = Registry::new(w.cfg.seed, services);
+            for i in 0..w.members.len() {
+                reg.start_pe(Duration::ZERO, i, &mut w.rng);
+            }
+            reg.start_resolver(Duration::ZERO);
+            w.registry = Some(reg);
+            w.schedule(Duration::ZERO, Ev::ResolveTick(0));
+            if w.cfg.registrar_faults {
+                let f = w.exp(w.cfg.registrar_fault_interval);
+                w.schedule(f, Ev::RegistrarFault);
+            }
         }
         let cfg = format!("{:?}", w.cfg);
         w.note(|| format!("gateway config {cfg}"));
@@ -315,7 +413,70 @@ impl GatewayWorld {
         let f = w.exp(w.cfg.fault_interval);
         w.schedule(f, Ev::Fault);
         w.schedule(w.cfg.length, Ev::End);
+        if w.cfg.gateway_faults {
+            let f = w.xexp(w.cfg.gateway_fault_interval);
+            w.schedule(f, Ev::GatewayFault);
+        }
+        if w.cfg.client_partitions {
+            let f = w.xexp(w.cfg.fault_interval);
+            w.schedule(f, Ev::ClientFault);
+        }
         w
+    }
+
+    /// Maps the core's member ids (new at every incarnation, and for RSerPool members at
+    /// every listing after a member was dropped) to the simulated hosts.
+    fn learn_member_ids(&mut self) {
+        self.by_id.clear();
+        for i in 0..self.members.len() {
+            let key = match self.cfg.source {
+                GatewaySource::Static => self.members[i].address.to_string(),
+                GatewaySource::Rserpool => format!("pe:{}", Registry::pe_id(i)),
+            };
+            match self.core.member_id(&key) {
+                Some(id) => {
+                    self.members[i].id = id;
+                    self.by_id.insert(id, i);
+                }
+                None => self.members[i].id = MemberId(u32::MAX),
+            }
+        }
+    }
+
+    /// [`Self::exp`] on the stream of the gateway's faults and the clients' network.
+    fn xexp(&mut self, mean: Duration) -> Duration {
+        let u: f64 = self.xrng.random_range(f64::EPSILON..1.0);
+        mean.mul_f64(-u.ln()).min(mean * 20)
+    }
+
+    /// One way between client `c` and the gateway: nothing on a clean client network (and no
+    /// draw); else 0.1–5 ms, the jitter, a retransmission timeout (200 ms, doubling) for every
+    /// time the packet is lost, and the wait for the client's cut to heal.
+    fn client_hop(&mut self, c: usize) -> Duration {
+        if self.cfg.client_network_is_clean() {
+            return Duration::ZERO;
+        }
+        let mut d = Duration::from_micros(self.xrng.random_range(100..5_000));
+        if !self.cfg.client_jitter.is_zero() {
+            d += self
+                .cfg
+                .client_jitter
+                .mul_f64(self.xrng.random_range(0.0..1.0));
+        }
+        let mut rto = SEGMENT_RTO;
+        while self.cfg.client_loss > 0.0
+            && rto < SEGMENT_RTO * 64
+            && self.xrng.random_bool(self.cfg.client_loss)
+        {
+            self.stats.retransmissions += 1;
+            d += rto;
+            rto *= 2;
+        }
+        if let Some(heal) = self.client_cut[c] {
+            // TCP retransmits until the cut heals.
+            d += heal.saturating_sub(self.now);
+        }
+        d
     }
 
     fn schedule(&mut self, at: Duration, ev: Ev) {
@@ -408,6 +569,10 @@ impl GatewayWorld {
             let end = matches!(ev, Ev::End);
             self.handle(ev);
             self.apply_actions();
+            if self.registry.is_some() {
+                self.pump_registry();
+                self.apply_actions();
+            }
             self.arm_poll();
             if self.failure.is_none() {
                 self.check();
@@ -440,18 +605,83 @@ impl GatewayWorld {
     }
 
     fn handle(&mut self, ev: Ev) {
+        if ev.incarnation().is_some_and(|g| g != self.gw) {
+            // Of a crashed incarnation: its connections and probes died with it.
+            return;
+        }
+        if ev.needs_process() {
+            match self.gw_state {
+                GatewayState::Up => {}
+                GatewayState::Paused => {
+                    self.deferred.push(ev);
+                    return;
+                }
+                // Nothing runs; probe rounds start again with the next incarnation.
+                GatewayState::ProcessDown | GatewayState::HostDown => {
+                    if matches!(ev, Ev::ProbeRound) {
+                        self.schedule(self.now + PROBE_INTERVAL, Ev::ProbeRound);
+                    } else if let Ev::SynArrives(c, _) = ev {
+                        self.client_refused(c);
+                    }
+                    return;
+                }
+            }
+        }
         match ev {
             Ev::Open(c) => self.open(c),
-            Ev::ConnectDone(id, i, inc) => self.connect_done(id, i, inc),
-            Ev::Request(id) => self.request(id),
-            Ev::Answer(id, inc) => self.answer(id, inc),
-            Ev::ClientClose(id) => self.client_close(id),
-            Ev::MemberFin(id, inc) => self.member_fin(id, inc),
+            Ev::SynArrives(c, port) => self.arrive(c, port),
+            Ev::ConnectDone(_, id, i, inc) => self.connect_done(id, i, inc),
+            Ev::Request(_, id) => self.request(id),
+            Ev::Answer(_, id, inc) => self.answer(id, inc),
+            Ev::ClientClose(_, id) => self.client_close(id),
+            Ev::MemberFin(_, id, inc) => self.member_fin(id, inc),
+            Ev::MemberReset(_, id) => self.member_reset(id),
+            Ev::ClientFin(g, id, c) => self.client_fin(g, id, c),
             Ev::ProbeRound => self.probe_round(),
-            Ev::ProbeDone(m, r) => {
+            Ev::ProbeDone(_, m, r) => {
                 self.hash(7, u64::from(m.0) << 1 | u64::from(r.is_ok()));
                 self.core.probe_result(self.now, m, r);
             }
+            Ev::GatewayFault => self.gateway_fault(),
+            Ev::GatewayRestart(g) => self.gateway_restart(g),
+            Ev::GatewayResume(g) => self.gateway_resume(g),
+            Ev::ProgressCheck(g) => self.progress_check(g),
+            Ev::ClientFault => self.client_fault(),
+            Ev::ClientHeal(n) => self.client_heal(n),
+            Ev::Registry(m) => self.registry_message(m),
+            Ev::RegistryTimer => {
+                if self.registry_timer_at.is_some_and(|t| t <= self.now) {
+                    self.registry_timer_at = None;
+                    let members = &self.members;
+                    let gateway_runs = self.gw_state == GatewayState::Up;
+                    if let Some(reg) = self.registry.as_mut() {
+                        reg.timers(
+                            self.now,
+                            |i| members[i].state == MemberState::Up,
+                            gateway_runs,
+                        );
+                    }
+                }
+            }
+            Ev::ResolveTick(g) => {
+                if g == self.gw {
+                    if let Some(reg) = self.registry.as_mut() {
+                        reg.resolve(self.now);
+                    }
+                    // The defect: a gateway that resolves at a tenth of its configured rate.
+                    let slow = self.cfg.mutation == Some(Mutation::GatewaySlowRefresh);
+                    let next = self.cfg.refresh * if slow { 10 } else { 1 };
+                    self.schedule(self.now + next, Ev::ResolveTick(g));
+                }
+            }
+            Ev::RegistrarAssociationDown(a) => {
+                if let Some(reg) = self.registry.as_mut() {
+                    reg.registrar_association_down(self.now, a);
+                }
+            }
+            Ev::Rejoin(i, inc) => self.rejoin(i, inc),
+            Ev::RegistrarFault => self.registrar_fault(),
+            Ev::RegistrarRestart => self.registrar_restart(),
             Ev::Fault => self.fault(),
             Ev::Restart(i) => self.restart(i),
             Ev::Resume(i) => self.resume(i),
@@ -470,26 +700,75 @@ impl GatewayWorld {
 
     // ----- Clients and the data plane -----
 
+    /// Client `c` opens a connection to the virtual address: its SYN crosses the client
+    /// network (lost SYNs are sent again after 1 s, then 2 s; the client gives up at 3 s, as
+    /// over a cut that lasts).
     fn open(&mut self, c: usize) {
         let next = self.exp(self.cfg.open_interval);
         self.schedule(self.now + next, Ev::Open(c));
         self.next_port = self.next_port.checked_add(1).unwrap_or(1024);
+        let port = self.next_port;
+        if self.cfg.client_network_is_clean() {
+            self.arrive(c, port);
+            return;
+        }
+        let mut wait = Duration::ZERO;
+        let mut retry = SYN_RETRY;
+        loop {
+            let cut_until = self.client_cut[c].filter(|t| *t > self.now + wait);
+            let lost = cut_until.is_some()
+                || (self.cfg.client_loss > 0.0 && self.xrng.random_bool(self.cfg.client_loss));
+            if !lost {
+                break;
+            }
+            self.stats.datagrams_lost += 1;
+            wait += retry;
+            retry *= 2;
+            if wait >= CONNECT_TIMEOUT {
+                self.stats.gw_client_failed += 1;
+                self.note(|| format!("client {c}: connect to the gateway timed out"));
+                return;
+            }
+        }
+        let d = wait + self.client_hop(c);
+        self.schedule(self.now + d, Ev::SynArrives(c, port));
+    }
+
+    /// A client's connection that never reached a running gateway process: refused by the
+    /// kernel of a dead process, or timed out at a dead host.
+    fn client_refused(&mut self, c: usize) {
+        self.stats.gw_client_failed += 1;
+        self.note(|| format!("client {c}: the gateway is down"));
+    }
+
+    /// Client `c`'s SYN reaches the running gateway: its first packet opens a session.
+    fn arrive(&mut self, c: usize, port: u16) {
+        match self.gw_state {
+            GatewayState::Up => {}
+            GatewayState::Paused => {
+                self.deferred.push(Ev::SynArrives(c, port));
+                return;
+            }
+            GatewayState::ProcessDown | GatewayState::HostDown => {
+                self.client_refused(c);
+                return;
+            }
+        }
         let flow = FlowKey {
             protocol: Protocol::Tcp,
-            client: SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::new(10, 7, 0, c as u8 + 1)),
-                self.next_port,
-            ),
+            client: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 7, 0, c as u8 + 1)), port),
             virtual_address: VIRTUAL,
         };
         self.stats.gw_sessions += 1;
+        self.last_arrival = Some(self.now);
         let active = self.core.active_sessions();
         match self.core.open(self.now, flow) {
             Ok(b) => {
                 self.hash(1, b.session.0);
                 self.note(|| format!("client {c}: {} opens", b.session));
+                self.bound_since_restart += 1;
                 self.check_selection(b.session);
-                self.bind(b);
+                self.bind(c, b);
             }
             Err(reason) => {
                 self.stats.gw_refused += 1;
@@ -508,13 +787,14 @@ impl GatewayWorld {
     }
 
     /// The session is bound (or rebound) to a member: connect to it.
-    fn bind(&mut self, b: Binding) {
+    fn bind(&mut self, client: usize, b: Binding) {
         let i = self.by_id[&b.member];
         let inc = self.members[i].inc;
         let opened = self.sessions.get(&b.session).map_or(self.now, |s| s.opened);
         self.sessions.insert(
             b.session,
             SimSession {
+                client,
                 member: i,
                 inc,
                 phase: Phase::Connecting,
@@ -547,7 +827,7 @@ impl GatewayWorld {
                 }
             }
         };
-        self.schedule(at, Ev::ConnectDone(b.session, i, inc));
+        self.schedule(at, Ev::ConnectDone(self.gw, b.session, i, inc));
     }
 
     fn connect_done(&mut self, id: SessionId, i: usize, inc: u32) {
@@ -566,7 +846,7 @@ impl GatewayWorld {
             // Cut off while the handshake was under way: it times out unless the cut heals first.
             let deadline = s.connect_started + CONNECT_TIMEOUT;
             if self.now < deadline {
-                self.schedule(deadline, Ev::ConnectDone(id, i, inc));
+                self.schedule(deadline, Ev::ConnectDone(self.gw, id, i, inc));
             } else {
                 self.connect_failed(id, "connect timed out");
             }
@@ -588,8 +868,10 @@ impl GatewayWorld {
                 self.hash(2, id.0);
                 self.core.connected(self.now, id);
                 self.sessions.get_mut(&id).expect("present").phase = Phase::Connected;
-                let d = self.hop();
-                self.schedule(self.now + d, Ev::Request(id));
+                // The client's request crosses both networks.
+                let c = self.sessions[&id].client;
+                let d = self.hop() + self.client_hop(c);
+                self.schedule(self.now + d, Ev::Request(self.gw, id));
             }
             MemberState::ProcessDown => self.connect_failed(id, "connection refused"),
             MemberState::HostDown => self.connect_failed(id, "connect timed out"),
@@ -601,7 +883,8 @@ impl GatewayWorld {
         match self.core.connect_failed(self.now, id, reason) {
             Some(b) => {
                 self.check_selection(id);
-                self.bind(b);
+                let c = self.sessions.get(&id).map_or(0, |s| s.client);
+                self.bind(c, b);
             }
             None => self.ended(
                 id,
@@ -617,6 +900,11 @@ impl GatewayWorld {
             return;
         };
         if s.phase != Phase::Connected {
+            return;
+        }
+        if let Some(heal) = self.client_cut[s.client].filter(|t| *t > self.now) {
+            // The client's request waits behind its cut (TCP retransmits it).
+            self.schedule(heal, Ev::Request(self.gw, id));
             return;
         }
         s.phase = Phase::Requested;
@@ -647,7 +935,7 @@ impl GatewayWorld {
             MemberState::Up => {
                 // The member works on it for up to 200 ms.
                 let d = self.hop() + Duration::from_micros(self.rng.random_range(0..200_000));
-                self.schedule(self.now + d, Ev::Answer(id, inc));
+                self.schedule(self.now + d, Ev::Answer(self.gw, id, inc));
             }
             MemberState::Paused => self.owed.entry(i).or_default().push(id),
             MemberState::ProcessDown | MemberState::HostDown => {}
@@ -661,7 +949,7 @@ impl GatewayWorld {
         if s.phase != Phase::Requested || s.inc != inc {
             return;
         }
-        let i = s.member;
+        let (i, c) = (s.member, s.client);
         if self.members[i].inc != inc {
             return;
         }
@@ -681,8 +969,10 @@ impl GatewayWorld {
                 packets: 1,
             },
         );
+        // The answer goes to the client, which reads it and closes; its FIN comes back.
         let d = self.hop() + Duration::from_millis(self.rng.random_range(0..3000));
-        self.schedule(self.now + d, Ev::ClientClose(id));
+        let d = d + self.client_hop(c) + self.client_hop(c);
+        self.schedule(self.now + d, Ev::ClientClose(self.gw, id));
     }
 
     fn client_close(&mut self, id: SessionId) {
@@ -692,6 +982,10 @@ impl GatewayWorld {
         if s.phase != Phase::Answered {
             return;
         }
+        if let Some(heal) = self.client_cut[s.client].filter(|t| *t > self.now) {
+            self.schedule(heal, Ev::ClientClose(self.gw, id));
+            return;
+        }
         s.phase = Phase::ClientClosed;
         let (i, inc) = (s.member, s.inc);
         self.core.half_closed(self.now, id, Side::Client);
@@ -699,7 +993,7 @@ impl GatewayWorld {
             self.owed.entry(i).or_default().push(id);
         } else if self.members[i].state == MemberState::Up && self.members[i].inc == inc {
             let d = self.hop();
-            self.schedule(self.now + d, Ev::MemberFin(id, inc));
+            self.schedule(self.now + d, Ev::MemberFin(self.gw, id, inc));
         } else if self.members[i].state == MemberState::Paused {
             self.owed.entry(i).or_default().push(id);
         }
@@ -712,6 +1006,7 @@ impl GatewayWorld {
         if s.phase != Phase::ClientClosed || s.inc != inc || self.members[s.member].inc != inc {
             return;
         }
+        let c = s.client;
         if self.members[s.member].state == MemberState::Paused || self.members[s.member].cut {
             let i = s.member;
             self.owed.entry(i).or_default().push(id);
@@ -721,11 +1016,39 @@ impl GatewayWorld {
         self.core.half_closed(self.now, id, Side::Member);
         if self.core.closed(self.now, id, Outcome::Closed) {
             self.ended(id, Outcome::Closed);
+            self.closed_receipts.insert((self.gw, id));
+            // The gateway passes the FIN on: the client has its complete answer.
+            let d = self.client_hop(c);
+            self.schedule(self.now + d, Ev::ClientFin(self.gw, id, c));
+        }
+    }
+
+    /// The end of a session reaches its client as a FIN after the whole answer: the client
+    /// counts it complete. The receipts of the incarnation that served it must say `closed`
+    /// (`gateway_client_view`).
+    fn client_fin(&mut self, gw: Gw, id: SessionId, c: usize) {
+        if let Some(heal) = self.client_cut[c].filter(|t| *t > self.now) {
+            // Behind a cut: TCP delivers it when the cut heals.
+            self.schedule(heal, Ev::ClientFin(gw, id, c));
+            return;
+        }
+        self.stats.checks += 1;
+        if !self.closed_receipts.remove(&(gw, id)) {
+            let msg = format!(
+                "client {c} saw {id} of gateway incarnation {gw} complete (answer and FIN), but the receipts of that incarnation do not record it `closed` (now incarnation {})",
+                self.gw
+            );
+            self.fail("gateway_client_view", msg);
         }
     }
 
     /// The data plane saw a reset from a member whose process died.
     fn member_reset(&mut self, id: SessionId) {
+        if self.cfg.mutation == Some(Mutation::GatewayForgetsResets) {
+            // The defect: the data plane drops the connection without telling the core.
+            self.sessions.remove(&id);
+            return;
+        }
         if self
             .core
             .closed(self.now, id, Outcome::Reset { by: Side::Member })
@@ -740,6 +1063,14 @@ impl GatewayWorld {
             match a {
                 Action::Close { session, outcome } => {
                     self.hash(6, session.0);
+                    if !self.sessions.contains_key(&session) {
+                        let msg = format!(
+                            "incarnation {} ends {session} ({}), which is not one of its open sessions",
+                            self.gw,
+                            outcome.name()
+                        );
+                        self.fail("gateway_receipts_own_sessions", msg);
+                    }
                     self.ended(session, outcome);
                 }
                 other => self.note(|| format!("unknown action {other:?}")),
@@ -800,349 +1131,7 @@ impl GatewayWorld {
                 }
                 MemberState::HostDown => (self.now + PROBE_TIMEOUT, Err("timed out".to_string())),
             };
-            self.schedule(at, Ev::ProbeDone(m, r));
-        }
-    }
-
-    // ----- Faults -----
-
-    fn fault(&mut self) {
-        let f = self.exp(self.cfg.fault_interval);
-        self.schedule(self.now + f, Ev::Fault);
-        let up: Vec<usize> = (0..self.members.len())
-            .filter(|&i| self.members[i].state == MemberState::Up)
-            .collect();
-        if up.is_empty() {
-            return;
-        }
-        if self.cfg.partitions && self.partition.is_none() && self.rng.random_bool(0.3) {
-            self.cut_off();
-            return;
-        }
-        let i = up[self.rng.random_range(0..up.len())];
-        if self.cfg.pauses && self.rng.random_bool(0.3) {
-            let d = Duration::from_millis(self.rng.random_range(1_000..30_000));
-            self.members[i].state = MemberState::Paused;
-            self.stats.pauses += 1;
-            self.hash(8, i as u64);
-            self.note(|| format!("PAUSE member {i} for {:.3} s", d.as_secs_f64()));
-            self.schedule(self.now + d, Ev::Resume(i));
-            return;
-        }
-        let host = self.rng.random_bool(0.5);
-        self.stats.crashes += 1;
-        self.hash(9, i as u64);
-        self.note(|| {
-            format!(
-                "CRASH member {i} ({})",
-                if host { "host" } else { "process" }
-            )
-        });
-        let m = &mut self.members[i];
-        m.state = if host {
-            MemberState::HostDown
-        } else {
-            MemberState::ProcessDown
-        };
-        m.inc += 1;
-        let inc = m.inc;
-        self.owed.remove(&i);
-        let now = self.now;
-        let bound: Vec<SessionId> = self
-            .sessions
-            .iter_mut()
-            .filter(|(_, s)| s.member == i)
-            .map(|(id, s)| {
-                s.member_died = Some((now, host));
-                *id
-            })
-            .collect();
-        if !host && !self.members[i].cut {
-            // The kernel resets every connection of the dead process (behind a cut, the
-            // resets are lost; the connections are reset when it heals).
-            for id in bound {
-                let connecting = self.sessions.get(&id).map(|s| s.phase) == Some(Phase::Connecting);
-                if !connecting {
-                    self.member_reset_later(id);
-                }
-            }
-        }
-        self.schedule(now + DEAD_BOUND, Ev::DeadCheck(i, inc));
-        let back = Duration::from_millis(self.rng.random_range(1_000..60_000));
-        self.schedule(now + back, Ev::Restart(i));
-    }
-
-    fn member_reset_later(&mut self, id: SessionId) {
-        if self.cfg.mutation == Some(Mutation::GatewayFinFromDeadMember) {
-            // The defect: a data plane that takes the dead member's end for an orderly one.
-            if self.core.closed(self.now, id, Outcome::Closed) {
-                self.ended(id, Outcome::Closed);
-            }
-            return;
-        }
-        self.member_reset(id);
-    }
-
-    fn restart(&mut self, i: usize) {
-        if !matches!(
-            self.members[i].state,
-            MemberState::HostDown | MemberState::ProcessDown
-        ) {
-            return;
-        }
-        let was_host = self.members[i].state == MemberState::HostDown;
-        self.members[i].state = MemberState::Up;
-        self.stats.restarts += 1;
-        self.hash(10, i as u64);
-        self.note(|| format!("RESTART member {i}"));
-        if was_host && !self.members[i].cut {
-            // Old connections meet a host that knows nothing of them: RST (behind a cut, when
-            // it heals).
-            let stale: Vec<SessionId> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.member == i && s.phase != Phase::Connecting)
-                .filter(|(_, s)| s.inc != self.members[i].inc)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in stale {
-                self.member_reset_later(id);
-            }
-        }
-    }
-
-    fn resume(&mut self, i: usize) {
-        if self.members[i].state != MemberState::Paused {
-            return;
-        }
-        self.members[i].state = MemberState::Up;
-        self.hash(11, i as u64);
-        self.note(|| format!("RESUME member {i}"));
-        self.deliver_owed(i);
-    }
-
-    /// What member i owes (answers, FINs) goes out once it runs and the gateway can hear it.
-    fn deliver_owed(&mut self, i: usize) {
-        if self.members[i].state != MemberState::Up || self.members[i].cut {
-            return;
-        }
-        let owed = self.owed.remove(&i).unwrap_or_default();
-        let inc = self.members[i].inc;
-        for id in owed {
-            let phase = self.sessions.get(&id).map(|s| s.phase);
-            match phase {
-                Some(Phase::Requested) => {
-                    let d = self.hop();
-                    self.schedule(self.now + d, Ev::Answer(id, inc));
-                }
-                Some(Phase::ClientClosed) => {
-                    let d = self.hop();
-                    self.schedule(self.now + d, Ev::MemberFin(id, inc));
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// A partition: some members (one to all) are cut off from the gateway for 2–40 s. The
-    /// gateway cannot tell this from a host crash: probes and connects time out, the
-    /// established connections are silent (TCP retransmits; nothing is lost when it heals).
-    fn cut_off(&mut self) {
-        self.partitions += 1;
-        let n = self.partitions;
-        self.partition = Some(n);
-        let count = self.rng.random_range(1..=self.members.len());
-        let mut cut: Vec<usize> = (0..self.members.len()).collect();
-        for k in 0..count {
-            let j = self.rng.random_range(k..cut.len());
-            cut.swap(k, j);
-        }
-        cut.truncate(count);
-        cut.sort_unstable();
-        let d = Duration::from_millis(self.rng.random_range(2_000..40_000));
-        self.stats.partitions += 1;
-        self.hash(12, cut.iter().fold(0, |m, i| m | 1 << i));
-        self.note(|| {
-            format!(
-                "PARTITION members {cut:?} cut off for {:.3} s",
-                d.as_secs_f64()
-            )
-        });
-        let now = self.now;
-        for &i in &cut {
-            self.members[i].cut = true;
-            for s in self.sessions.values_mut() {
-                if s.member == i && s.phase != Phase::Connecting {
-                    s.cut_at = Some(now);
-                }
-            }
-            self.schedule(now + DEAD_BOUND, Ev::CutCheck(i, n));
-        }
-        self.schedule(now + d, Ev::Heal(n));
-    }
-
-    /// Partition `n` heals: what was held back flows, resets of crashes behind the cut arrive.
-    fn heal(&mut self, n: u64) {
-        if self.partition != Some(n) {
-            return;
-        }
-        self.partition = None;
-        self.hash(13, n);
-        self.note(|| "HEAL".to_string());
-        for i in 0..self.members.len() {
-            if !self.members[i].cut {
-                continue;
-            }
-            self.members[i].cut = false;
-            let inc = self.members[i].inc;
-            if self.members[i].state != MemberState::HostDown {
-                // The member's kernel resets connections of an earlier incarnation.
-                let stale: Vec<SessionId> = self
-                    .sessions
-                    .iter()
-                    .filter(|(_, s)| s.member == i && s.phase != Phase::Connecting && s.inc != inc)
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in stale {
-                    self.member_reset_later(id);
-                }
-            }
-            self.deliver_owed(i);
-        }
-    }
-
-    /// A member cut off for [`DEAD_BOUND`], and still cut off, must have no session left that
-    /// was established with it when the cut began: to the gateway a cut-off member is a dead
-    /// host (3 probes time out), so it ends them as member lost, as after a host crash.
-    fn cut_check(&mut self, i: usize, n: u64) {
-        if self.partition != Some(n) || !self.members[i].cut {
-            return;
-        }
-        let health = self.core.member_health(self.members[i].id);
-        if let Some((id, s)) = self
-            .sessions
-            .iter()
-            .find(|(_, s)| s.member == i && s.cut_at.is_some() && s.phase != Phase::Connecting)
-        {
-            let msg = format!(
-                "{id} is still bound to member {i} ({:?}), cut off from the gateway at {:?}, {DEAD_BOUND:?} later (health {health:?})",
-                s.phase, s.cut_at
-            );
-            self.fail("gateway_member_lost_in_time", msg);
-        }
-    }
-
-    /// A member whose host has been down for [`DEAD_BOUND`] must have no session left that
-    /// was bound to it when it died (the core judged it dead and ended them as member lost).
-    fn dead_check(&mut self, i: usize, inc: u32) {
-        if self.members[i].inc != inc || self.members[i].state != MemberState::HostDown {
-            return;
-        }
-        let health = self.core.member_health(self.members[i].id);
-        if let Some((id, s)) = self
-            .sessions
-            .iter()
-            .find(|(_, s)| s.member == i && s.member_died.is_some() && s.phase != Phase::Connecting)
-        {
-            let msg = format!(
-                "{id} is still bound to member {i} ({:?}), whose host died at {:?}, {DEAD_BOUND:?} later (health {health:?})",
-                s.phase,
-                s.member_died.map(|d| d.0)
-            );
-            self.fail("gateway_member_lost_in_time", msg);
-        }
-    }
-
-    fn end(&mut self) {
-        self.note(|| "END".to_string());
-    }
-
-    // ----- Invariants -----
-
-    /// The selection receipt just written for `id` lists the inputs used: the chosen member
-    /// among the candidates (or the list cut at its limit), not excluded, not dead unless in
-    /// panic mode; a rule named.
-    fn check_selection(&mut self, id: SessionId) {
-        let Some(r) = self.core.receipt(id) else {
-            return;
-        };
-        let Some(sel) = r.selected.last() else {
-            let msg = format!("{id} is bound without a selection receipt");
-            self.fail("gateway_receipts", msg);
-            return;
-        };
-        self.stats.checks += 1;
-        let limit = 4;
-        let chosen = sel.candidates.iter().find(|c| c.member == sel.member);
-        let problem = if sel.candidates.len() > limit {
-            Some(format!(
-                "{} candidates listed, limit {limit}",
-                sel.candidates.len()
-            ))
-        } else if sel.by != "persistence" && LoadSharePolicy::ALL.iter().all(|(n, _)| *n != sel.by)
-        {
-            Some(format!("chosen by an unnamed rule `{}`", sel.by))
-        } else {
-            match chosen {
-                None if sel.candidates_omitted == 0 => Some(format!(
-                    "the chosen member {} is not among the candidates {:?}",
-                    sel.member,
-                    sel.candidates.iter().map(|c| c.member).collect::<Vec<_>>()
-                )),
-                Some(c) if c.excluded.is_some() => Some(format!(
-                    "the chosen member {} is listed as excluded ({:?})",
-                    sel.member, c.excluded
-                )),
-                Some(c) if c.health == Health::Dead && !sel.panic => Some(format!(
-                    "the chosen member {} was dead at selection (no panic)",
-                    sel.member
-                )),
-                _ => None,
-            }
-        };
-        if let Some(p) = problem {
-            let msg = format!("{id}: {p}");
-            self.fail("gateway_receipts", msg);
-            return;
-        }
-        let bound = r.bound.as_ref().map(|b| b.member);
-        if bound != Some(sel.member) {
-            let msg = format!("{id}: bound to {bound:?}, selected {}", sel.member);
-            self.fail("gateway_receipts", msg);
-        }
-    }
-
-    /// After every step: the limits hold; no session outlives its bound.
-    fn check(&mut self) {
-        self.stats.checks += 1;
-        let active = self.core.active_sessions();
-        if active > self.cfg.max_sessions {
-            let msg = format!("{active} sessions bound, limit {}", self.cfg.max_sessions);
-            self.fail("gateway_limits", msg);
-            return;
-        }
-        for m in &self.members {
-            let n = self.core.member_sessions(m.id).unwrap_or(0);
-            if n > self.cfg.max_sessions_per_member {
-                let msg = format!(
-                    "member {} has {n} sessions, limit {}",
-                    m.id, self.cfg.max_sessions_per_member
-                );
-                self.fail("gateway_limits", msg);
-                return;
-            }
-        }
-        let now = self.now;
-        if let Some((id, s)) = self
-            .sessions
-            .iter()
-            .find(|(_, s)| now > s.opened + SESSION_BOUND)
-        {
-            let msg = format!(
-                "{id} opened at {:?} is still {:?} on member {} at {now:?}",
-                s.opened, s.phase, s.member
-            );
-            self.fail("gateway_session_ends", msg);
+            self.schedule(at, Ev::ProbeDone(self.gw, m, r));
         }
     }
 }
