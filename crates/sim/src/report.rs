@@ -121,6 +121,22 @@ pub struct Stats {
     pub gw_connect_failed: u64,
     /// Gateway sessions ended by a reset.
     pub gw_reset: u64,
+    /// TCP-mapped associations opened (or attempted).
+    pub tcp_associations: u64,
+    /// Path cuts (one address of a multi-homed host) injected.
+    pub path_cuts: u64,
+    /// Messages on an SCTP association that went over its alternate path (primary cut).
+    pub failovers_to_alternate: u64,
+    /// Associations a restarted host restarted at a peer (SCTP_RESTART or a TCP reset).
+    pub restarts_seen: u64,
+    /// ABORTs and RSTs a restarted host's kernel sent for messages on old associations.
+    pub restart_aborts: u64,
+    /// Messages hostile hosts sent to registrars.
+    pub hostile_messages: u64,
+    /// Hostile hosts' associations the registrars refused (no allowed identity).
+    pub hostile_refused: u64,
+    /// Operation errors the registrars answered malformed messages with.
+    pub malformed_answered: u64,
 }
 
 impl Stats {
@@ -163,6 +179,14 @@ impl Stats {
         self.gw_member_lost += o.gw_member_lost;
         self.gw_connect_failed += o.gw_connect_failed;
         self.gw_reset += o.gw_reset;
+        self.tcp_associations += o.tcp_associations;
+        self.path_cuts += o.path_cuts;
+        self.failovers_to_alternate += o.failovers_to_alternate;
+        self.restarts_seen += o.restarts_seen;
+        self.restart_aborts += o.restart_aborts;
+        self.hostile_messages += o.hostile_messages;
+        self.hostile_refused += o.hostile_refused;
+        self.malformed_answered += o.malformed_answered;
     }
 }
 
@@ -173,7 +197,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset)",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset); network: {} TCP-mapped associations, {} path cuts, {} messages over an alternate path, {} associations restarted, {} ABORTs/RSTs from restarted hosts; hostile: {} messages, {} associations refused, {} malformed answered with a cause",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -210,7 +234,15 @@ impl fmt::Display for Stats {
             self.gw_closed,
             self.gw_member_lost,
             self.gw_connect_failed,
-            self.gw_reset
+            self.gw_reset,
+            self.tcp_associations,
+            self.path_cuts,
+            self.failovers_to_alternate,
+            self.restarts_seen,
+            self.restart_aborts,
+            self.hostile_messages,
+            self.hostile_refused,
+            self.malformed_answered
         )
     }
 }

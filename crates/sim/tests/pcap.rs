@@ -17,7 +17,7 @@ use std::process::Command;
 const SEEDS: &[u64] = &[0, 3, 11];
 
 fn captured(seed: u64, limit: u64) -> Outcome {
-    let mut cfg = SimConfig::from_seed(seed);
+    let mut cfg = SimConfig::from_seed(seed).without_net_modes();
     cfg.trace = true;
     cfg.pcap_limit = Some(limit);
     let o = run(cfg);
@@ -72,7 +72,7 @@ fn pcap_holds_what_the_trace_delivered() {
         // Timestamps are virtual time, never going back.
         assert!(messages.windows(2).all(|w| w[0].time <= w[1].time));
         // Capturing changes nothing in the run.
-        let mut plain = SimConfig::from_seed(seed);
+        let mut plain = SimConfig::from_seed(seed).without_net_modes();
         plain.trace = true;
         assert_eq!(run(plain).trace_hash, o.trace_hash, "seed {seed}");
     }

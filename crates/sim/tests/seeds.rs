@@ -20,7 +20,7 @@ const REGRESSION_SEEDS: &[u64] = &[
 
 /// A seed as it ran before sessions were simulated.
 fn without_sessions(seed: u64) -> SimConfig {
-    let mut cfg = SimConfig::from_seed(seed);
+    let mut cfg = SimConfig::from_seed(seed).without_net_modes();
     cfg.sessions_per_pu = 0;
     cfg.pingpong_failure_after = 0;
     cfg.calcapp = false;
@@ -121,7 +121,7 @@ fn a_seed_replays_exactly() {
 #[test]
 fn the_checker_catches_a_takeover_of_a_live_registrar() {
     let config = |mutation| {
-        let mut cfg = SimConfig::from_seed(5);
+        let mut cfg = SimConfig::from_seed(5).without_net_modes();
         cfg.faults = Faults::none();
         cfg.link.loss = 0.0;
         cfg.registrars = 3;
@@ -140,7 +140,7 @@ fn the_checker_catches_a_takeover_of_a_live_registrar() {
 /// are registered: the convergence check must notice.
 #[test]
 fn the_checker_catches_silent_pool_elements() {
-    let mut cfg = SimConfig::from_seed(3);
+    let mut cfg = SimConfig::from_seed(3).without_net_modes();
     cfg.faults = Faults::none();
     cfg.mutation = Some(Mutation::SilentPoolElements);
     let f = run(cfg).failure.expect("silent PEs went unnoticed");
@@ -180,7 +180,7 @@ fn the_checker_catches_a_job_resumed_from_less_than_its_cookie() {
 /// 1002 runs 30 PingPong sessions; the hash is the one it gave then).
 #[test]
 fn a_seed_without_calcapp_runs_as_before_calcapp_existed() {
-    let mut cfg = SimConfig::from_seed(1002);
+    let mut cfg = SimConfig::from_seed(1002).without_net_modes();
     cfg.calcapp = false;
     let o = run(cfg);
     assert!(o.stats.sessions > 0, "{}", o.stats);
@@ -234,7 +234,7 @@ fn the_checker_catches_a_live_pool_element_removed_on_reports() {
 /// Sessions over a network without faults whose PEs abort a session every 10 replies: every
 /// failover echoes the cookie first, every Ping is answered once, sessions finish.
 fn sessions_only(seed: u64, mutation: Option<Mutation>) -> SimConfig {
-    let mut cfg = SimConfig::from_seed(seed);
+    let mut cfg = SimConfig::from_seed(seed).without_net_modes();
     cfg.faults = Faults::none();
     cfg.churn = None;
     cfg.link.loss = 0.0;
@@ -249,7 +249,7 @@ fn sessions_only(seed: u64, mutation: Option<Mutation>) -> SimConfig {
 /// crashes, pauses and partitions: jobs complete once each, jobs resume from their cookies on
 /// other PEs, full PEs reject.
 fn calcapp_only(seed: u64) -> SimConfig {
-    let mut cfg = SimConfig::from_seed(seed);
+    let mut cfg = SimConfig::from_seed(seed).without_net_modes();
     cfg.pools = 1;
     cfg.calcapp = true;
     cfg.calcapp_max_jobs = 1;
