@@ -30,7 +30,7 @@ mod report;
 mod world;
 
 pub use capture::{ASAP_GROUP, ENRP_GROUP, MAX_CHUNK_DATA};
-pub use config::{Faults, LinkConfig, Mutation, SimConfig};
+pub use config::{Faults, LinkConfig, Mutation, SimConfig, Transports};
 pub use gateway::{run_gateway, GatewayConfig};
 pub use report::{Failure, Outcome, Stats};
 pub use world::{HostId, World};

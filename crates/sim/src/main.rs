@@ -5,9 +5,13 @@
 //!              [--registrars N] [--pes N] [--pus N] [--pools N] [--sessions N]
 //!              [--failure-after N] [--calcapp on|off] [--max-jobs N]
 //!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
+//!              [--transports sctp|per-host|per-registrar] [--tcp-share F] [--multihomed F]
+//!              [--hostile N] [--authenticated on|off] [--restarts on|off] [--net-modes off]
 //! ```
 
-use rserpool_sim::{run, run_gateway, Faults, GatewayConfig, Mutation, SimConfig, Stats};
+use rserpool_sim::{
+    run, run_gateway, Faults, GatewayConfig, Mutation, SimConfig, Stats, Transports,
+};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -32,6 +36,13 @@ struct Args {
     clean_network: bool,
     pcap: Option<std::path::PathBuf>,
     pcap_limit: u64,
+    net_modes_off: bool,
+    transports: Option<Transports>,
+    tcp_share: Option<f64>,
+    multihomed: Option<f64>,
+    hostile: Option<usize>,
+    authenticated: Option<bool>,
+    restarts: Option<bool>,
 }
 
 /// Default most bytes of a `--pcap` file (the file is built in memory).
@@ -59,6 +70,13 @@ fn parse() -> Result<Args, String> {
         clean_network: false,
         pcap: None,
         pcap_limit: DEFAULT_PCAP_LIMIT,
+        net_modes_off: false,
+        transports: None,
+        tcp_share: None,
+        multihomed: None,
+        hostile: None,
+        authenticated: None,
+        restarts: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -66,6 +84,15 @@ fn parse() -> Result<Args, String> {
         let num = |name: &str, v: String| {
             v.parse::<u64>()
                 .map_err(|e| format!("{name}: `{v}` is not a number ({e})"))
+        };
+        let share = |name: &str, v: String| match v.parse::<f64>() {
+            Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+            _ => Err(format!("{name}: `{v}` is not a share between 0 and 1")),
+        };
+        let on_off = |name: &str, v: String| match v.as_str() {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => Err(format!("{name}: `{v}` is neither on nor off")),
         };
         match flag.as_str() {
             "--seeds" => a.seeds = num("--seeds", value("--seeds")?)?,
@@ -94,6 +121,26 @@ fn parse() -> Result<Args, String> {
                     v => return Err(format!("--calcapp: `{v}` is neither on nor off")),
                 })
             }
+            "--net-modes" => a.net_modes_off = !on_off("--net-modes", value("--net-modes")?)?,
+            "--transports" => {
+                a.transports = Some(match value("--transports")?.as_str() {
+                    "sctp" => Transports::Sctp,
+                    "per-host" => Transports::PerHost,
+                    "per-registrar" => Transports::PerRegistrar,
+                    v => {
+                        return Err(format!(
+                            "--transports: `{v}` is not sctp, per-host or per-registrar"
+                        ))
+                    }
+                })
+            }
+            "--tcp-share" => a.tcp_share = Some(share("--tcp-share", value("--tcp-share")?)?),
+            "--multihomed" => a.multihomed = Some(share("--multihomed", value("--multihomed")?)?),
+            "--hostile" => a.hostile = Some(num("--hostile", value("--hostile")?)? as usize),
+            "--authenticated" => {
+                a.authenticated = Some(on_off("--authenticated", value("--authenticated")?)?)
+            }
+            "--restarts" => a.restarts = Some(on_off("--restarts", value("--restarts")?)?),
             "--max-jobs" => a.max_jobs = Some(num("--max-jobs", value("--max-jobs")?)? as usize),
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
             "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
@@ -108,9 +155,12 @@ fn parse() -> Result<Args, String> {
                     "gateway-fin-from-dead-member" => Mutation::GatewayFinFromDeadMember,
                     "gateway-probes-through-cut" => Mutation::GatewayProbesThroughCut,
                     "calcapp-echo-loses-progress" => Mutation::CalcAppEchoLosesProgress,
+                    "hostile-as-owner" => Mutation::HostileAsOwner,
+                    "no-path-failover" => Mutation::NoPathFailover,
+                    "silent-restart" => Mutation::SilentRestart,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress, hostile-as-owner, no-path-failover, silent-restart)"
                         ))
                     }
                 })
@@ -128,7 +178,8 @@ fn parse() -> Result<Args, String> {
                                       tshark and Wireshark\n\
                      --pcap-limit N   most bytes of the --pcap file (default 1073741824); later\n\
                                       packets are left out and counted\n\
-                     --faults LIST    registrar,pe,partition,pause | all | none (default: from the seed)\n\
+                     --faults LIST    registrar,pe,partition,pause,path | all | none (default: from\n\
+                                      the seed; path cuts need multi-homed hosts)\n\
                      --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
                      --sessions N     PingPong sessions per PU (default: from the seed; 0 runs a\n\
                                       seed as it ran before sessions were simulated)\n\
@@ -145,7 +196,18 @@ fn parse() -> Result<Args, String> {
                                       duplicated-session-messages,\n\
                                       gateway-fin-from-dead-member,\n\
                                       gateway-probes-through-cut,\n\
-                                      calcapp-echo-loses-progress (tests of the checker)\n\
+                                      calcapp-echo-loses-progress, hostile-as-owner,\n\
+                                      no-path-failover, silent-restart (tests of the checker)\n\
+                     --transports M   sctp | per-host | per-registrar: which hosts lack SCTP and\n\
+                                      use the TCP mapping (default: from the seed)\n\
+                     --tcp-share F    share of hosts (per-host) or registrars (per-registrar,\n\
+                                      their clients follow them) without SCTP, 0..1\n\
+                     --multihomed F   share of SCTP hosts with a second address, 0..1\n\
+                     --hostile N      hostile hosts attacking the registrars (default: from the seed)\n\
+                     --authenticated on|off  registrars check TLS identities (access rules)\n\
+                     --restarts on|off  peers see a restarted host's kernel (SCTP_RESTART,\n\
+                                      ABORT, RST) rather than only their timeout\n\
+                     --net-modes off  none of the last five (a seed as it ran before them)\n\
                      --gateway        run the LSNAT gateway core's world instead (clients, data\n\
                                       plane, members that crash, restart and pause, a\n\
                                       network that loses and cuts members off); takes\n\
@@ -238,6 +300,30 @@ fn main() -> ExitCode {
         }
         if let Some(n) = args.max_jobs {
             cfg.calcapp_max_jobs = n.max(1);
+        }
+        if args.net_modes_off {
+            cfg = cfg.without_net_modes();
+        }
+        if let Some(t) = args.transports {
+            cfg.transports = t;
+            if t != Transports::Sctp && cfg.tcp_share == 0.0 {
+                cfg.tcp_share = 0.5;
+            }
+        }
+        if let Some(f) = args.tcp_share {
+            cfg.tcp_share = f;
+        }
+        if let Some(f) = args.multihomed {
+            cfg.multihomed_share = f;
+        }
+        if let Some(n) = args.hostile {
+            cfg.hostile = n;
+        }
+        if let Some(on) = args.authenticated {
+            cfg.authenticated = on;
+        }
+        if let Some(on) = args.restarts {
+            cfg.restarts = on;
         }
         cfg.mutation = args.mutation;
         if args.pcap.is_some() {

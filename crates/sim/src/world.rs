@@ -761,7 +761,9 @@ impl World {
             (self.addr_of(to, service), 0)
         };
         let from_addr = if tcp {
-            self.source_addr(from, from_addr)
+            // A TCP client connects from an ephemeral port of its own.
+            let a = self.source_addr(from, from_addr);
+            SocketAddr::new(a.ip(), 49_152 + (id % 16_384) as u16)
         } else {
             from_addr
         };
@@ -1194,7 +1196,11 @@ impl World {
                 Service::Enrp => (12, &bytes[..]),
                 Service::Session => unframe(&bytes).unwrap_or((0, &bytes[..])),
             };
-            c.association_message(self.now, (id, side), from, to, ppid, data);
+            if a.tcp {
+                c.tcp_message(self.now, (id, side), from, to, ppid, data);
+            } else {
+                c.association_message(self.now, (id, side), from, to, ppid, data);
+            }
         }
         if self.trace.is_some() {
             let what = self.describe(service, &bytes);
@@ -1285,7 +1291,8 @@ impl World {
                     // association is closed before any of its messages is taken.
                     let identity = self.identity_of(peer_host);
                     let refused = self.regs[i].core.as_mut().is_some_and(|c| {
-                        c.0.check_enrp_identity(AssociationId(id), identity).is_err()
+                        c.0.check_enrp_identity(AssociationId(id), identity)
+                            .is_err()
                     });
                     if refused {
                         if matches!(peer_host, HostId::Hostile(_)) {
@@ -1672,10 +1679,12 @@ impl World {
             }
         }
         // A hostile host's message: what the registrar lists must not change for it.
-        let hostile = self
-            .assocs
-            .get(&id)
-            .and_then(|a| a.ends.iter().copied().find(|e| matches!(e, HostId::Hostile(_))));
+        let hostile = self.assocs.get(&id).and_then(|a| {
+            a.ends
+                .iter()
+                .copied()
+                .find(|e| matches!(e, HostId::Hostile(_)))
+        });
         let before = hostile.map(|_| self.listing(i));
         let mut id = id;
         if let (Some(_), Some(Mutation::HostileAsOwner), Ok(AsapMessage::Deregistration(d))) = (
@@ -1844,6 +1853,7 @@ impl World {
         let mut won = Vec::new();
         let mut reported_away = Vec::new();
         let mut probed = Vec::new();
+        let mut granted = Vec::new();
         {
             let Some(c) = self.regs[i].core.as_mut() else {
                 return;
@@ -1883,6 +1893,12 @@ impl World {
                 if let RegistrarEvent::UnreachableProbe { pe_id, .. } = &e {
                     probed.push(*pe_id);
                 }
+                if let RegistrarEvent::ClaimGranted {
+                    pe_id, association, ..
+                } = &e
+                {
+                    granted.push((*pe_id, association.0));
+                }
                 if self.trace.is_some() {
                     let line = format!("{h}: {e:?}");
                     if let Some(t) = self.trace.as_mut() {
@@ -1903,6 +1919,9 @@ impl World {
         }
         for (pool, pe) in reported_away {
             self.removed_by_reports(i, &pool, pe);
+        }
+        for (pe, assoc) in granted {
+            self.claim_granted(i, pe, assoc);
         }
         for t in enrp_out {
             match t.destination {

@@ -97,7 +97,7 @@ impl World {
             self.hostiles[n].identity = Some(identity(&format!("intruder-{n}")));
         }
         let h = HostId::Hostile(n);
-        let i = self.net_rng.random_range(0..self.regs.len());
+        let mut i = self.net_rng.random_range(0..self.regs.len());
         let kind = self.net_rng.random_range(0..6u8);
         // A PE to impersonate: one that is registered now (with any registrar).
         let live: Vec<usize> = (0..self.pes.len())
@@ -119,6 +119,17 @@ impl World {
             }
             (1, Some(j)) => {
                 // Registration spoofing: the victim's identifier at the attacker's address.
+                // Without authentication a registrar cannot tell an impostor from a PE that
+                // moves to it after its home died (RFC 5355 §3.3 names TLS as the defence), so
+                // unauthenticated runs aim it at the victim's home registrar, whose ownership
+                // probe defends the PE; authenticated runs aim it anywhere.
+                if !self.cfg.authenticated {
+                    let home = self.pes[j].core.as_ref().and_then(|c| c.home_registrar());
+                    match self.regs.iter().position(|r| Some(r.id) == home && r.alive) {
+                        Some(x) => i = x,
+                        None => return self.hostile_again(n),
+                    }
+                }
                 let pe = rserpool_wire::PoolElement {
                     id: self.pes[j].id,
                     home_registrar: RegistrarId(0),
@@ -203,7 +214,8 @@ impl World {
             (5, _) if self.regs.len() > 1 => {
                 // ENRP_PRESENCE under another live registrar's ID, with a checksum that
                 // claims it owns nothing.
-                let k = (i + 1 + self.net_rng.random_range(0..self.regs.len() - 1)) % self.regs.len();
+                let k =
+                    (i + 1 + self.net_rng.random_range(0..self.regs.len() - 1)) % self.regs.len();
                 let m = EnrpMessage::Presence(rserpool_wire::enrp::Presence {
                     peers: rserpool_wire::enrp::Peers {
                         sender: self.regs[k].id,
@@ -235,7 +247,9 @@ impl World {
 
     fn hostile_again(&mut self, n: usize) {
         let u: f64 = self.net_rng.random_range(f64::EPSILON..1.0);
-        let next = Duration::from_millis(1500).mul_f64(-u.ln()).min(Duration::from_secs(30));
+        let next = Duration::from_millis(1500)
+            .mul_f64(-u.ln())
+            .min(Duration::from_secs(30));
         self.schedule(self.now + next, Ev::Hostile(n));
     }
 
@@ -247,11 +261,19 @@ impl World {
             &self.hostiles[n].asap
         };
         if let Some(id) = map.get(&i) {
-            if self.assocs.get(id).is_some_and(|a| a.state != AssocState::Closed) {
+            if self
+                .assocs
+                .get(id)
+                .is_some_and(|a| a.state != AssocState::Closed)
+            {
                 return *id;
             }
         }
-        let port = if service == Service::Enrp { ENRP_PORT } else { ASAP_PORT };
+        let port = if service == Service::Enrp {
+            ENRP_PORT
+        } else {
+            ASAP_PORT
+        };
         let addr = SocketAddr::new(self.regs[i].ip, port);
         let id = self.connect(HostId::Hostile(n), service, &[addr]);
         let map = if service == Service::Enrp {
@@ -273,7 +295,10 @@ impl World {
         else {
             return;
         };
-        let owed = self.hostiles[n].owed.get_mut(&id).and_then(|q| q.pop_front());
+        let owed = self.hostiles[n]
+            .owed
+            .get_mut(&id)
+            .and_then(|q| q.pop_front());
         let got: Vec<CauseCode> = e.error.causes.iter().map(|c| c.code).collect();
         match owed {
             Some(code) if got == [code] => self.stats.malformed_answered += 1,
@@ -287,7 +312,10 @@ impl World {
     }
 
     /// Every PE in registrar i's handlespace: (pool, identifier) -> its user transport.
-    pub(super) fn listing(&self, i: usize) -> BTreeMap<(PoolHandle, u32), Option<TransportAddress>> {
+    pub(super) fn listing(
+        &self,
+        i: usize,
+    ) -> BTreeMap<(PoolHandle, u32), Option<TransportAddress>> {
         let Some(c) = self.regs[i].core.as_ref() else {
             return BTreeMap::new();
         };
@@ -340,9 +368,48 @@ impl World {
         }
     }
 
-    /// No registrar lists a PE at an address that is not the PE's own (`owner_only`).
+    /// Registrar i granted a claim on PE `pe_id` to association `assoc`: if a hostile host
+    /// holds it, the PE must have failed the ownership probe because it really was out of
+    /// reach (crashed, paused, cut off, or its answer held up on a lossy network), never while
+    /// it was alive and answering over an undisturbed network (`owner_only`).
+    pub(super) fn claim_granted(&mut self, i: usize, pe_id: PoolElementId, assoc: u64) {
+        let Some(x) = self.assocs.get(&assoc).and_then(|a| {
+            a.ends
+                .iter()
+                .copied()
+                .find(|e| matches!(e, HostId::Hostile(_)))
+        }) else {
+            return;
+        };
+        let Some(&j) = self.pe_by_id.get(&pe_id) else {
+            return;
+        };
+        self.stats.checks += 1;
+        let disturbed = self.partition_active
+            || !self.cut_ips.is_empty()
+            || self.now < self.settle_until
+            || (self.cfg.link.loss > 0.0 && self.now < self.cfg.chaos + PARTITION_SETTLE)
+            || self.paused_recently.values().any(|&t| self.now < t);
+        let p = &self.pes[j];
+        let answering = p.alive
+            && p.core.is_some()
+            && p.home.and_then(|a| self.assocs.get(&a)).is_some_and(|a| {
+                a.state == AssocState::Up && a.ends.contains(&HostId::Registrar(i))
+            });
+        if answering && !disturbed {
+            let msg = format!(
+                "R{i} granted {x}'s claim on PE{j} ({pe_id}) although PE{j} is alive and answering over an undisturbed network"
+            );
+            self.fail("owner_only", msg);
+        }
+    }
+
+    /// Where registrars authenticate, no registrar lists a PE at an address that is not the
+    /// PE's own: a hostile host cannot register at all (`owner_only`). Without authentication
+    /// a registrar grants a PE's identifier to whoever claims it once the PE failed its
+    /// ownership probe ([`World::claim_granted`] judges those grants).
     pub(super) fn check_listed_addresses(&mut self) {
-        if self.hostiles.is_empty() {
+        if self.hostiles.is_empty() || !self.cfg.authenticated {
             return;
         }
         for i in 0..self.regs.len() {

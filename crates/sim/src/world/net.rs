@@ -12,27 +12,30 @@ impl World {
     /// Draws (from `net_rng`, never from `rng`) which hosts are TCP-only and which SCTP hosts
     /// have a second address, and sets up the hostile hosts.
     pub(super) fn build_net(&mut self) {
-        let share = self.cfg.tcp_share;
-        match self.cfg.transports {
-            Transports::Sctp => {}
+        // A pool's PEs all offer the same user transport (a registrar refuses a PE whose
+        // transport type differs from its pool's, RFC 5351 §2.2 / RFC 5352 §3.1), so PEs lack
+        // SCTP per pool: PE j is in pool j % pools.
+        let share = self.cfg.tcp_share.clamp(0.0, 1.0);
+        let pools = self.pools.len().max(1);
+        let n = self.regs.len();
+        let tcp_pools: BTreeSet<usize> = match self.cfg.transports {
+            Transports::Sctp => BTreeSet::new(),
             Transports::PerHost => {
                 for h in self.hosts() {
-                    if self.net_rng.random_bool(share.clamp(0.0, 1.0)) {
+                    if !matches!(h, HostId::PoolElement(_)) && self.net_rng.random_bool(share) {
                         self.tcp_only.insert(h);
                     }
                 }
+                (0..pools)
+                    .filter(|_| self.net_rng.random_bool(share))
+                    .collect()
             }
             Transports::PerRegistrar => {
-                // A registrar without SCTP, and the PEs and PUs that start their hunt with it.
-                let n = self.regs.len();
+                // A registrar without SCTP, the PUs that start their hunt with it, and the
+                // pool it serves first.
                 for i in 0..n {
-                    if self.net_rng.random_bool(share.clamp(0.0, 1.0)) {
+                    if self.net_rng.random_bool(share) {
                         self.tcp_only.insert(HostId::Registrar(i));
-                    }
-                }
-                for j in 0..self.pes.len() {
-                    if self.tcp_only.contains(&HostId::Registrar(j % n)) {
-                        self.tcp_only.insert(HostId::PoolElement(j));
                     }
                 }
                 for k in 0..self.pus.len() {
@@ -40,6 +43,14 @@ impl World {
                         self.tcp_only.insert(HostId::PoolUser(k));
                     }
                 }
+                (0..pools)
+                    .filter(|p| self.tcp_only.contains(&HostId::Registrar(p % n)))
+                    .collect()
+            }
+        };
+        for j in 0..self.pes.len() {
+            if tcp_pools.contains(&(j % pools)) {
+                self.tcp_only.insert(HostId::PoolElement(j));
             }
         }
         let m = self.cfg.multihomed_share.clamp(0.0, 1.0);
@@ -205,10 +216,13 @@ impl World {
         }
         match mine.first() {
             Some(a) => (*a, mine.len().saturating_sub(1) as u32),
-            None => (given.first().copied().unwrap_or(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            None => (
+                given
+                    .first()
+                    .copied()
+                    .unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)),
                 0,
-            )), 0),
+            ),
         }
     }
 
@@ -246,7 +260,12 @@ impl World {
     }
 
     /// The addresses host `h` offers for its user transport or ENRP endpoint.
-    pub(super) fn transport_of(&self, h: HostId, port: u16, transport_use: TransportUse) -> TransportAddress {
+    pub(super) fn transport_of(
+        &self,
+        h: HostId,
+        port: u16,
+        transport_use: TransportUse,
+    ) -> TransportAddress {
         let ips = self.host_ips(h);
         if self.is_tcp(h) {
             TransportAddress {
@@ -389,7 +408,13 @@ impl World {
         self.note(|| format!("association #{id} lost: {h} paused past the TCP keep-alive timeout"));
         // The peer decides now; the paused end reads the reset when it resumes.
         self.on_down(id, 1 - me);
-        self.schedule(self.now, Ev::Down { assoc: id, side: me });
+        self.schedule(
+            self.now,
+            Ev::Down {
+                assoc: id,
+                side: me,
+            },
+        );
     }
 
     // ----- Restarts -----
@@ -429,7 +454,13 @@ impl World {
                 let b = self.assocs.get_mut(&o).expect("present");
                 let dead = b.half_open.take().expect("half open");
                 self.note(|| format!("association #{o} reset: {x} restarted and connects again"));
-                self.schedule(at, Ev::Down { assoc: o, side: 1 - dead });
+                self.schedule(
+                    at,
+                    Ev::Down {
+                        assoc: o,
+                        side: 1 - dead,
+                    },
+                );
             }
             Duration::from_secs(1)
         } else {
@@ -491,8 +522,7 @@ impl World {
                         && b.down_seen.iter().any(|d| *d)
                         && b.ends.contains(&x)
                         && b.ends.contains(&y)
-                        && b.incs[b.ends.iter().position(|e| *e == x).unwrap_or(0)]
-                            != self.inc(x)
+                        && b.incs[b.ends.iter().position(|e| *e == x).unwrap_or(0)] != self.inc(x)
                 })
                 .map(|(o, _)| *o)
                 .collect();
@@ -529,8 +559,7 @@ impl World {
         let Some(dead) = a.half_open else { return };
         let me = 1 - dead;
         let (peer, inc) = (a.ends[dead], a.incs[dead]);
-        if a.ends[me] != from || !self.alive(peer) || self.inc(peer) == inc || !self.reachable(id)
-        {
+        if a.ends[me] != from || !self.alive(peer) || self.inc(peer) == inc || !self.reachable(id) {
             return;
         }
         let rtt = self.delay_net(from, peer) + self.delay_net(peer, from);
@@ -542,7 +571,13 @@ impl World {
             "an ABORT"
         };
         self.note(|| format!("{peer} (restarted) answers #{id} with {what}"));
-        self.schedule(self.now + rtt, Ev::Down { assoc: id, side: me });
+        self.schedule(
+            self.now + rtt,
+            Ev::Down {
+                assoc: id,
+                side: me,
+            },
+        );
     }
 }
 
