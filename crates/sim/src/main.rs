@@ -6,7 +6,8 @@
 //!              [--failure-after N] [--calcapp on|off] [--max-jobs N]
 //!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
 //!              [--transports sctp|per-host|per-registrar] [--tcp-share F] [--multihomed F]
-//!              [--hostile N] [--authenticated on|off] [--restarts on|off] [--net-modes off]
+//!              [--hostile N] [--authenticated on|off] [--restarts on|off] [--path-cuts on|off]
+//!              [--net-modes off]
 //! ```
 
 use rserpool_sim::{
@@ -43,6 +44,7 @@ struct Args {
     hostile: Option<usize>,
     authenticated: Option<bool>,
     restarts: Option<bool>,
+    path_cuts: Option<bool>,
 }
 
 /// Default most bytes of a `--pcap` file (the file is built in memory).
@@ -77,6 +79,7 @@ fn parse() -> Result<Args, String> {
         hostile: None,
         authenticated: None,
         restarts: None,
+        path_cuts: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -141,6 +144,7 @@ fn parse() -> Result<Args, String> {
                 a.authenticated = Some(on_off("--authenticated", value("--authenticated")?)?)
             }
             "--restarts" => a.restarts = Some(on_off("--restarts", value("--restarts")?)?),
+            "--path-cuts" => a.path_cuts = Some(on_off("--path-cuts", value("--path-cuts")?)?),
             "--max-jobs" => a.max_jobs = Some(num("--max-jobs", value("--max-jobs")?)? as usize),
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
             "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
@@ -207,7 +211,9 @@ fn parse() -> Result<Args, String> {
                      --authenticated on|off  registrars check TLS identities (access rules)\n\
                      --restarts on|off  peers see a restarted host's kernel (SCTP_RESTART,\n\
                                       ABORT, RST) rather than only their timeout\n\
-                     --net-modes off  none of the last five (a seed as it ran before them)\n\
+                     --path-cuts on|off  cut one address of a multi-homed host now and then\n\
+                                      (keeps the seed's other faults)\n\
+                     --net-modes off  none of the last six (a seed as it ran before them)\n\
                      --gateway        run the LSNAT gateway core's world instead (clients, data\n\
                                       plane, members that crash, restart and pause, a\n\
                                       network that loses and cuts members off); takes\n\
@@ -269,6 +275,9 @@ fn main() -> ExitCode {
             continue;
         }
         let mut cfg = SimConfig::from_seed(seed);
+        if args.net_modes_off {
+            cfg = cfg.without_net_modes();
+        }
         cfg.trace = args.trace;
         if let Some(f) = &args.faults {
             // Which faults; how often stays the seed's.
@@ -301,9 +310,6 @@ fn main() -> ExitCode {
         if let Some(n) = args.max_jobs {
             cfg.calcapp_max_jobs = n.max(1);
         }
-        if args.net_modes_off {
-            cfg = cfg.without_net_modes();
-        }
         if let Some(t) = args.transports {
             cfg.transports = t;
             if t != Transports::Sctp && cfg.tcp_share == 0.0 {
@@ -324,6 +330,9 @@ fn main() -> ExitCode {
         }
         if let Some(on) = args.restarts {
             cfg.restarts = on;
+        }
+        if let Some(on) = args.path_cuts {
+            cfg.faults.path_cuts = on;
         }
         cfg.mutation = args.mutation;
         if args.pcap.is_some() {

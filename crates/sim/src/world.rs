@@ -1119,6 +1119,10 @@ impl World {
                     && a.cut_since
                         .is_some_and(|t| t + self.assoc_timeout(id) <= self.now)
                 {
+                    self.check_failover(id);
+                    if self.failure.is_some() {
+                        return;
+                    }
                     let a = self.assocs.get_mut(&id).expect("present");
                     a.state = AssocState::Closed;
                     a.queues = [VecDeque::new(), VecDeque::new()];
@@ -3205,7 +3209,7 @@ impl World {
             _ => false,
         });
         let exempt =
-            self.partition_active || self.now < self.settle_until || was_paused || just_restarted;
+            self.cut_somewhere() || self.now < self.settle_until || was_paused || just_restarted;
         // The incarnation of the target as it is now (a dead registrar keeps the number it
         // died with until it restarts).
         let inc = self
@@ -3257,7 +3261,7 @@ impl World {
         let Some(&j) = self.pe_by_id.get(&pe_id) else {
             return;
         };
-        let disturbed = self.partition_active
+        let disturbed = self.cut_somewhere()
             || self.now < self.settle_until
             || (self.chaos && self.cfg.link.loss > 0.0)
             || self.paused_recently.values().any(|&t| self.now < t);

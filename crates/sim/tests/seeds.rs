@@ -432,3 +432,142 @@ fn a_pe_that_aborts_after_every_reply_still_answers() {
     assert!(s.sessions_finished > 0, "{s}");
     assert!(s.pongs > 0 && s.failovers_with_cookie >= s.pongs / 2, "{s}");
 }
+
+/// Seeds of the network modes, each turned on (`net_seed_set`): the TCP mapping on half of the
+/// hosts, multi-homed SCTP hosts with path cuts, restarts seen as kernels see them, and a
+/// hostile host (authenticated registrars in every other seed).
+fn net_modes(seed: u64) -> SimConfig {
+    let mut cfg = SimConfig::from_seed(seed);
+    cfg.transports = if seed % 2 == 0 {
+        rserpool_sim::Transports::PerHost
+    } else {
+        rserpool_sim::Transports::PerRegistrar
+    };
+    cfg.tcp_share = 0.5;
+    cfg.multihomed_share = 0.7;
+    cfg.faults.path_cuts = true;
+    cfg.restarts = true;
+    cfg.hostile = 1;
+    cfg.authenticated = seed % 2 == 1;
+    // A short chaos phase keeps the debug build's CI run to seconds; `scripts/sim` runs the
+    // modes at full length.
+    cfg.chaos = std::time::Duration::from_secs(60);
+    cfg
+}
+
+/// Seeds that once broke an invariant in the network modes, run as found (docs/simulation.md
+/// says what each found): 174 and 81 (a hostile host deregistered a PE homed at another
+/// registrar, or taken over and not yet adopted) and 313 (a hostile host's registration
+/// replaced a PE homed at another registrar).
+const NET_REGRESSION_SEEDS: &[u64] = &[81, 174, 313];
+
+#[test]
+fn net_seed_set() {
+    let first = env_u64("SIM_NET_FIRST").unwrap_or(2000);
+    let n = env_u64("SIM_NET_SEEDS").unwrap_or(8);
+    let outcomes: Vec<Outcome> = (first..first + n).map(|s| run(net_modes(s))).collect();
+    let mut total = rserpool_sim::Stats::default();
+    for o in &outcomes {
+        total.add(&o.stats);
+    }
+    report(&outcomes);
+    // The modes were really exercised.
+    assert!(total.tcp_associations > 0, "{total}");
+    assert!(total.path_cuts > 0, "{total}");
+    assert!(total.failovers_to_alternate > 0, "{total}");
+    assert!(total.hostile_messages > 0, "{total}");
+    assert!(total.hostile_refused > 0, "{total}");
+    assert!(total.malformed_answered > 0, "{total}");
+}
+
+#[test]
+fn net_regression_seeds() {
+    let outcomes: Vec<Outcome> = NET_REGRESSION_SEEDS
+        .iter()
+        .map(|&s| run(SimConfig::from_seed(s)))
+        .collect();
+    report(&outcomes);
+}
+
+/// A seed whose draws leave the network modes off is the run it was before they existed (the
+/// hashes of `a_seed_without_sessions_runs_as_before_sessions_existed`, reached through
+/// `without_net_modes` there, are the ones these seeds gave before).
+#[test]
+fn net_modes_off_leave_a_seed_as_it_was() {
+    let mut cfg = SimConfig::from_seed(7).without_net_modes();
+    cfg.sessions_per_pu = 0;
+    cfg.pingpong_failure_after = 0;
+    cfg.calcapp = false;
+    assert_eq!(run(cfg).trace_hash, 0xd876_de8d_98a7_f26f);
+}
+
+/// Registrars that take a hostile host's deregistration as the owner's: `owner_only` must
+/// fail. The same seed without the defect passes, its registrars refusing the hostile host.
+#[test]
+fn the_checker_catches_a_hostile_deregistration_taken_as_the_owners() {
+    let config = |mutation| {
+        let mut cfg = SimConfig::from_seed(3).without_net_modes();
+        cfg.hostile = 1;
+        cfg.mutation = mutation;
+        cfg
+    };
+    let f = run(config(Some(Mutation::HostileAsOwner)))
+        .failure
+        .expect("a PE deregistered by a hostile host went unnoticed");
+    assert_eq!(f.invariant, "owner_only", "{f}");
+    let o = run(config(None));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    assert!(o.stats.hostile_messages > 0 && o.stats.malformed_answered > 0);
+}
+
+/// SCTP associations that do not fail over to their other path when one address is cut:
+/// `failover_keeps_association` must fail. Without the defect the seed passes and messages
+/// take the alternate path.
+#[test]
+fn the_checker_catches_an_association_lost_with_a_path_left() {
+    let config = |mutation| {
+        let mut cfg = SimConfig::from_seed(3).without_net_modes();
+        cfg.multihomed_share = 1.0;
+        cfg.faults = Faults {
+            mean_interval: cfg.faults.mean_interval,
+            ..Faults::parse("path").unwrap()
+        };
+        cfg.mutation = mutation;
+        cfg
+    };
+    let f = run(config(Some(Mutation::NoPathFailover)))
+        .failure
+        .expect("an association lost with a working path went unnoticed");
+    assert_eq!(f.invariant, "failover_keeps_association", "{f}");
+    let o = run(config(None));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    assert!(
+        o.stats.path_cuts > 0 && o.stats.failovers_to_alternate > 0,
+        "{}",
+        o.stats
+    );
+}
+
+/// Peers that are not told of a restarted host's new incarnation (no SCTP_RESTART, no ABORT):
+/// `restart_forgets_old` must fail. Without the defect the registrars see the restarts and
+/// the seed passes.
+#[test]
+fn the_checker_catches_a_restart_the_peer_never_sees() {
+    let config = |mutation| {
+        let mut cfg = SimConfig::from_seed(3).without_net_modes();
+        cfg.restarts = true;
+        cfg.faults = Faults {
+            mean_interval: cfg.faults.mean_interval,
+            ..Faults::parse("pe").unwrap()
+        };
+        cfg.mutation = mutation;
+        cfg
+    };
+    let f = run(config(Some(Mutation::SilentRestart)))
+        .failure
+        .expect("a restart nobody saw went unnoticed");
+    assert_eq!(f.invariant, "restart_forgets_old", "{f}");
+    let o = run(config(None));
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    assert!(o.stats.restarts_seen > 0, "{}", o.stats);
+}

@@ -344,6 +344,16 @@ impl World {
         self.stats.checks += 1;
         let after = self.listing(i);
         for (key, t) in before {
+            // A registration the hostile host itself holds (granted once the PE failed its
+            // ownership probe, `claim_granted`) is its own to drop or change.
+            let held_by_stranger = self.pe_by_id.get(&PoolElementId(key.1)).is_some_and(|&j| {
+                let own = self.host_ips(HostId::PoolElement(j));
+                t.as_ref()
+                    .is_some_and(|t| t.addresses.iter().any(|a| !own.contains(a)))
+            });
+            if held_by_stranger {
+                continue;
+            }
             match after.get(key) {
                 None => {
                     let msg = format!(

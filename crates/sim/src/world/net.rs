@@ -173,6 +173,35 @@ impl World {
         }
     }
 
+    /// An association is about to be declared lost for want of connectivity: if it is SCTP,
+    /// neither end may have had a working address all along the cut, or multi-homing failed
+    /// (`failover_keeps_association`, RFC 9260 §6.4: an association survives while one path
+    /// works). Judged from the addresses alone, not by [`World::reachable`].
+    pub(super) fn check_failover(&mut self, id: u64) {
+        let Some(a) = self.assocs.get(&id) else {
+            return;
+        };
+        if a.tcp || self.second_ip.is_empty() || self.cut(a.ends[0], a.ends[1]) {
+            return;
+        }
+        self.stats.checks += 1;
+        let since = a.cut_since.unwrap_or(self.now);
+        // An address counts as working if it was not cut at any time since the association's
+        // cut began (cuts of one address at a time, so a host keeps one).
+        let working = |h: HostId| {
+            self.host_ips(h)
+                .into_iter()
+                .any(|ip| self.cut_ips.get(&ip).is_none_or(|&t| t > since))
+        };
+        if a.ends.iter().all(|h| working(*h)) {
+            let (x, y) = (a.ends[0], a.ends[1]);
+            let msg = format!(
+                "SCTP association #{id} between {x} and {y} is lost although both kept a working address since {since:?} (no path failover)"
+            );
+            self.fail("failover_keeps_association", msg);
+        }
+    }
+
     /// The extra time a message on an SCTP association takes while its primary path is cut and
     /// an alternate one works: one retransmission timeout, after which the retransmission goes
     /// to the alternate address (RFC 9260 §6.4.1).
@@ -280,6 +309,12 @@ impl World {
     }
 
     // ----- Path faults -----
+
+    /// Whether some hosts cannot reach each other now: a partition, or a cut address (for a
+    /// TCP-mapped peer of a multi-homed host, a cut primary address is a partition).
+    pub(super) fn cut_somewhere(&self) -> bool {
+        self.partition_active || !self.cut_ips.is_empty()
+    }
 
     /// Whether a path fault can be injected: some host is multi-homed.
     pub(super) fn path_cut_possible(&self) -> bool {
