@@ -1170,7 +1170,7 @@ fn a_stranger_cannot_register_a_pe_homed_elsewhere_but_the_pe_may_move() {
         .find(&PoolHandle::from("P"), PoolElementId(1))
         .and_then(|e| e.element().asap_transport.as_ref().map(|t| t.addresses[0]))
         .expect("an ASAP transport");
-    let mut register_from = |net: &mut Net, id: u64, ip: IpAddr| {
+    let register_from = |net: &mut Net, id: u64, ip: IpAddr| {
         let a = AssociationId(id);
         let n = &mut net.nodes[1];
         n.reg.association_up(

@@ -104,7 +104,7 @@ impl World {
             .filter(|&j| self.pes[j].core.as_ref().is_some_and(|c| c.is_registered()))
             .collect();
         let victim = (!live.is_empty()).then(|| live[self.net_rng.random_range(0..live.len())]);
-        let codec = self.codec.clone();
+        let codec = self.codec;
         let mut messages: Vec<(Service, Vec<u8>, Option<CauseCode>)> = Vec::new();
         match (kind, victim) {
             (0, Some(j)) => {
