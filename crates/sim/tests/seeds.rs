@@ -459,7 +459,7 @@ fn net_modes(seed: u64) -> SimConfig {
 /// says what each found): 174 and 81 (a hostile host deregistered a PE homed at another
 /// registrar, or taken over and not yet adopted) and 313 (a hostile host's registration
 /// replaced a PE homed at another registrar).
-const NET_REGRESSION_SEEDS: &[u64] = &[81, 174, 313];
+const NET_REGRESSION_SEEDS: &[u64] = &[81, 174, 313, 10404];
 
 #[test]
 fn net_seed_set() {
