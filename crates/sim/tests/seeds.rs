@@ -457,8 +457,10 @@ fn net_modes(seed: u64) -> SimConfig {
 
 /// Seeds that once broke an invariant in the network modes, run as found (docs/simulation.md
 /// says what each found): 174 and 81 (a hostile host deregistered a PE homed at another
-/// registrar, or taken over and not yet adopted) and 313 (a hostile host's registration
-/// replaced a PE homed at another registrar).
+/// registrar, or taken over and not yet adopted), 313 (a hostile host's registration replaced a
+/// PE homed at another registrar) and 10404 (TCP-mapped registrars on a lossy network: a live
+/// registrar taken over twice, minutes apart, which `takeover_unique` now tells from two
+/// winners of one takeover).
 const NET_REGRESSION_SEEDS: &[u64] = &[81, 174, 313, 10404];
 
 #[test]
