@@ -358,6 +358,8 @@ pub struct World {
     paused_since: BTreeMap<HostId, Duration>,
     /// The hostile hosts.
     hostiles: Vec<hostile::HostileHost>,
+    /// Registrations a hostile host holds (a claim granted to it): registrar, PE.
+    stranger_held: BTreeSet<(usize, PoolElementId)>,
 }
 
 impl World {
@@ -408,6 +410,7 @@ impl World {
             cut_ips: BTreeMap::new(),
             paused_since: BTreeMap::new(),
             hostiles: Vec::new(),
+            stranger_held: BTreeSet::new(),
         };
         w.build();
         w
@@ -1904,6 +1907,14 @@ impl World {
                 {
                     granted.push((*pe_id, association.0));
                 }
+                if let RegistrarEvent::Registered {
+                    element,
+                    association,
+                    ..
+                } = &e
+                {
+                    granted.push((element.id, association.0));
+                }
                 if self.trace.is_some() {
                     let line = format!("{h}: {e:?}");
                     if let Some(t) = self.trace.as_mut() {
@@ -3266,6 +3277,10 @@ impl World {
             .as_ref()
             .is_some_and(|c| c.0.handlespace().find(pool, pe_id).is_some());
         if listed {
+            return;
+        }
+        if self.stranger_held.remove(&(registrar, pe_id)) {
+            // The registration removed was a hostile host's (`owner_only` judged its grant).
             return;
         }
         let Some(&j) = self.pe_by_id.get(&pe_id) else {

@@ -378,7 +378,8 @@ impl World {
         }
     }
 
-    /// Registrar i granted a claim on PE `pe_id` to association `assoc`: if a hostile host
+    /// Registrar i granted a claim on PE `pe_id` to association `assoc`, or registered it over
+    /// `assoc`: if a hostile host
     /// holds it, the PE must have failed the ownership probe because it really was out of
     /// reach (crashed, paused, cut off, or its answer held up on a lossy network), never while
     /// it was alive and answering over an undisturbed network (`owner_only`).
@@ -389,8 +390,11 @@ impl World {
                 .copied()
                 .find(|e| matches!(e, HostId::Hostile(_)))
         }) else {
+            // The PE's own registration (again): no stranger holds it here any more.
+            self.stranger_held.remove(&(i, pe_id));
             return;
         };
+        self.stranger_held.insert((i, pe_id));
         let Some(&j) = self.pe_by_id.get(&pe_id) else {
             return;
         };
