@@ -810,6 +810,36 @@ impl Registrar {
         let owner = existing
             .and_then(|e| self.handlespace.get(e))
             .and_then(|e| e.association());
+        // RFC 5355 §3.3 (registration spoofing): a PE listed here with no live association of
+        // ours (homed at another registrar, or taken over and not yet adopted) may move here,
+        // but it registers from its own host: a registration from an association that shares
+        // no address with the PE's recorded ASAP transport is an impostor's.
+        let orphan = owner.is_none_or(|o| !self.associations.contains_key(&o));
+        let foreign = orphan
+            && existing
+                .and_then(|e| self.handlespace.get(e))
+                .and_then(|e| e.element().asap_transport.as_ref())
+                .zip(self.associations.get(&association))
+                .is_some_and(|(t, a)| !t.addresses.iter().any(|x| a.peer.addresses.contains(x)));
+        if foreign {
+            self.refuse_foreign(
+                "registration",
+                &pool_handle,
+                pe_id,
+                association,
+                None,
+                SecurityRefusal::ForeignRegistration,
+            );
+            self.reject_with(
+                association,
+                pool_handle,
+                pe_id,
+                ErrorCause::new(CauseCode::RejectedSecurity),
+                "the PE is listed at another address and has no association here to prove it moved"
+                    .to_string(),
+            );
+            return;
+        }
         match (existing, owner) {
             // RFC 5355 §3.3/§3.4: a live PE belongs to the association that registered it.
             // Another association's claim waits for a keep-alive to the owner.
@@ -1012,12 +1042,39 @@ impl Registrar {
                 r.may_register(i, d.pool_handle.as_bytes())
             })
             .is_err();
-        // RFC 5355 §3.3/§3.4: only the association that registered a PE deregisters it.
-        let owner = self
-            .handlespace
-            .find(&d.pool_handle, d.pe_id)
+        // RFC 5355 §3.3/§3.4: only the association that registered a PE deregisters it. When
+        // that association is gone (or was never ours: a PE homed at another registrar, or
+        // taken over here and not yet adopted), only an association that reaches the PE's own
+        // ASAP transport may: whoever else sends it is not the PE.
+        let entry = self.handlespace.find(&d.pool_handle, d.pe_id);
+        let owner = entry
             .and_then(|e| e.association())
             .filter(|o| *o != association && self.associations.contains_key(o));
+        let orphan = entry.is_some_and(|e| {
+            e.association()
+                .is_none_or(|o| !self.associations.contains_key(&o))
+        });
+        let stranger = orphan
+            && !entry.is_some_and(|e| {
+                let reaches = self.associations.get(&association).is_some_and(|a| {
+                    e.element()
+                        .asap_transport
+                        .as_ref()
+                        .is_some_and(|t| t.addresses.iter().any(|x| a.peer.addresses.contains(x)))
+                });
+                e.home_registrar() == self.id && reaches
+            });
+        if !refused && stranger {
+            self.refuse_foreign(
+                "deregistration",
+                &d.pool_handle,
+                d.pe_id,
+                association,
+                None,
+                SecurityRefusal::ForeignDeregistration,
+            );
+            refused = true;
+        }
         if let (false, Some(owner)) = (refused, owner) {
             self.refuse_foreign(
                 "deregistration",

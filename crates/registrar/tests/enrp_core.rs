@@ -1097,3 +1097,125 @@ fn a_visitor_that_owns_no_pes_leaves_the_peer_table_with_its_association() {
     assert_eq!(net.nodes[0].enrp.peer_ids(), before, "node 1 is back");
     assert_eq!(net.table(1), net.table(0), "and nothing was lost");
 }
+
+/// A stranger's ASAP_DEREGISTRATION of a PE homed at another registrar is refused with
+/// "rejected due to security considerations" and removes nothing anywhere (RFC 5355 §3.3): the
+/// PE deregisters with its home, over its own association. Found by the simulator's hostile
+/// hosts (`owner_only`, seed 174 of `scripts/sim`).
+#[test]
+fn a_stranger_cannot_deregister_a_pe_homed_elsewhere() {
+    let mut net = Net::new(&[0x100, 0x200], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(0, "P", [1], 1);
+    net.run_for(secs(1));
+    assert_eq!(net.table(1).len(), 1, "{:?}", net.table(1));
+    let now = net.now;
+    let stranger = AssociationId(9_999);
+    let n = &mut net.nodes[1];
+    n.reg.association_up(
+        now,
+        stranger,
+        PeerInfo {
+            kind: AssociationKind::Sctp,
+            addresses: vec!["10.66.0.1".parse().unwrap()],
+            port: 5000,
+        },
+    );
+    let m = AsapMessage::Deregistration(asap::Deregistration {
+        pool_handle: PoolHandle::from("P"),
+        pe_id: PoolElementId(1),
+    });
+    let b = net.codec.encode(&m).unwrap();
+    let n = &mut net.nodes[1];
+    n.reg.message(now, stranger, Protocol::Asap.ppid(), &b);
+    let mut answers = Vec::new();
+    while let Some(t) = n.reg.poll_transmit() {
+        if t.destination == rserpool_registrar::Destination::Association(stranger) {
+            answers.push(net.codec.decode::<AsapMessage>(&t.bytes).unwrap().message);
+        }
+    }
+    assert!(
+        matches!(&answers[..], [AsapMessage::DeregistrationResponse(d)]
+            if d.error.as_ref().and_then(|e| e.code()) == Some(rserpool_wire::CauseCode::RejectedSecurity)),
+        "{answers:?}"
+    );
+    assert_eq!(
+        n.reg
+            .metrics()
+            .refusals_by(rserpool_registrar::SecurityRefusal::ForeignDeregistration),
+        1
+    );
+    net.run_for(secs(2));
+    for i in 0..2 {
+        assert_eq!(net.table(i).len(), 1, "node {i}: {:?}", net.table(i));
+    }
+}
+
+/// A stranger's ASAP_REGISTRATION of a PE identifier homed at another registrar, from an
+/// address the PE's ASAP transport does not have, is refused (RFC 5355 §3.3, registration
+/// spoofing): the PE keeps its home and its transport everywhere. The PE itself, from its own
+/// address, may still move. Found by the simulator's hostile hosts (`owner_only`, seed 313).
+#[test]
+fn a_stranger_cannot_register_a_pe_homed_elsewhere_but_the_pe_may_move() {
+    let mut net = Net::new(&[0x100, 0x200], Profile::Rsplib, |_| {});
+    net.run_for(secs(12));
+    net.register(0, "P", [1], 1);
+    net.run_for(secs(1));
+    let before = net.table(1);
+    assert_eq!(before, vec![(PoolHandle::from("P"), 1, net.id(0))]);
+    let now = net.now;
+    let pe_ip: IpAddr = net.nodes[1]
+        .reg
+        .handlespace()
+        .find(&PoolHandle::from("P"), PoolElementId(1))
+        .and_then(|e| e.element().asap_transport.as_ref().map(|t| t.addresses[0]))
+        .expect("an ASAP transport");
+    let register_from = |net: &mut Net, id: u64, ip: IpAddr| {
+        let a = AssociationId(id);
+        let n = &mut net.nodes[1];
+        n.reg.association_up(
+            now,
+            a,
+            PeerInfo {
+                kind: AssociationKind::Sctp,
+                addresses: vec![ip],
+                port: 5000,
+            },
+        );
+        let m = AsapMessage::Registration(asap::Registration {
+            pool_handle: PoolHandle::from("P"),
+            pool_element: pool_element(1, ip),
+        });
+        let b = net.codec.encode(&m).unwrap();
+        let n = &mut net.nodes[1];
+        n.reg.message(now, a, Protocol::Asap.ppid(), &b);
+        let mut answers = Vec::new();
+        while let Some(t) = n.reg.poll_transmit() {
+            if t.destination == rserpool_registrar::Destination::Association(a) {
+                answers.push(net.codec.decode::<AsapMessage>(&t.bytes).unwrap().message);
+            }
+        }
+        answers
+    };
+    let answers = register_from(&mut net, 9_999, "10.66.0.1".parse().unwrap());
+    assert!(
+        matches!(&answers[..], [AsapMessage::RegistrationResponse(r)]
+            if r.reject && r.error.as_ref().and_then(|e| e.code()) == Some(rserpool_wire::CauseCode::RejectedSecurity)),
+        "{answers:?}"
+    );
+    assert_eq!(
+        net.nodes[1]
+            .reg
+            .metrics()
+            .refusals_by(rserpool_registrar::SecurityRefusal::ForeignRegistration),
+        1
+    );
+    assert_eq!(net.table(1), before, "the impostor moved nothing");
+    // The PE itself, from its own address, moves its home here.
+    let answers = register_from(&mut net, 9_998, pe_ip);
+    assert!(
+        matches!(&answers[..], [AsapMessage::RegistrationResponse(r)] if !r.reject),
+        "{answers:?}"
+    );
+    assert_eq!(net.table(1), vec![(PoolHandle::from("P"), 1, net.id(1))]);
+}

@@ -9,6 +9,9 @@
 //!   1500-byte MTU), stream 0, TSNs and stream sequence numbers counting per association
 //!   direction, a verification tag per association direction, and a correct CRC32c. PPID 11 for
 //!   ASAP, 12 for ENRP, the session's own PPID (33 for PingPong) on session associations.
+//! - A message on a TCP-mapped association is one TCP segment holding one frame of the mapping
+//!   (`docs/tcp-mapping.md`), sequence and acknowledgement numbers counting each direction's
+//!   bytes, correct checksum.
 //! - A multicast datagram (ASAP_SERVER_ANNOUNCE, ENRP_PRESENCE) is a UDP datagram to the group
 //!   (239.0.0.50:3863 for ASAP, 239.0.0.51:9901 for ENRP), written once per receiver that got
 //!   it, at its arrival time: lost copies are missing, duplicated ones appear twice.
@@ -31,9 +34,14 @@ pub const ENRP_GROUP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239,
 /// DATA chunk (16) headers.
 pub const MAX_CHUNK_DATA: usize = 1500 - 20 - 12 - 16;
 
+/// Most bytes of one TCP segment's payload: the largest IPv4 packet less the IPv4 and TCP
+/// headers.
+const MAX_TCP_SEGMENT: usize = 65_535 - 20 - 20;
+
 const CRC32C: Crc<u32> = Crc::<u32>::new(&CRC_32_ISCSI);
 
-/// Per association direction: verification tag, next TSN, next stream sequence number.
+/// Per association direction: verification tag, next TSN, next stream sequence number (for a
+/// TCP-mapped association: the next sequence number in `tsn`).
 struct Direction {
     tag: u32,
     tsn: u32,
@@ -147,6 +155,110 @@ impl Capture {
         for sctp in packets {
             self.ip_packet(at, from, to, 132, 64, &sctp);
         }
+    }
+
+    /// A message delivered on TCP-mapped association `direction.0` to its end `direction.1`:
+    /// one TCP segment (PSH, ACK) holding one frame of the mapping (`docs/tcp-mapping.md`:
+    /// marker 0xE1, type DATA, stream 0, the PPID, the length), sequence numbers counting the
+    /// bytes of each direction, the acknowledgement the bytes of the other direction delivered
+    /// so far, and a correct checksum; the connection's first message is preceded by its
+    /// three-way handshake (SYN, SYN-ACK, ACK). A message that does not fit one IPv4 packet is split
+    /// over several segments (a capture with segmentation offload shows large segments, so
+    /// messages up to 64 KiB stay in one).
+    pub(crate) fn tcp_message(
+        &mut self,
+        at: Duration,
+        direction: (u64, usize),
+        from: SocketAddr,
+        to: SocketAddr,
+        ppid: u32,
+        data: &[u8],
+    ) {
+        let (assoc, side) = direction;
+        let mut stream = Vec::with_capacity(12 + data.len());
+        stream.extend_from_slice(&[0xE1, 0, 0, 0]);
+        stream.extend_from_slice(&ppid.to_be_bytes());
+        stream.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        stream.extend_from_slice(data);
+        let isn = |side: usize| mix(assoc.wrapping_mul(2).wrapping_add(side as u64) ^ 0x7c9);
+        if !self.directions.contains_key(&direction)
+            && !self.directions.contains_key(&(assoc, 1 - side))
+        {
+            // The connection's first packet in the file: its three-way handshake first, so that
+            // tools tell it from an earlier connection between the same ports. The initiator
+            // is the association's end 0; messages to end 1 go from it.
+            let (client, server) = if side == 1 { (from, to) } else { (to, from) };
+            let (c_isn, s_isn) = (isn(1), isn(0));
+            self.tcp_segment(at, client, server, c_isn, 0, 0x02, &[]);
+            self.tcp_segment(at, server, client, s_isn, c_isn.wrapping_add(1), 0x12, &[]);
+            self.tcp_segment(
+                at,
+                client,
+                server,
+                c_isn.wrapping_add(1),
+                s_isn.wrapping_add(1),
+                0x10,
+                &[],
+            );
+            for (s, i) in [(1, c_isn), (0, s_isn)] {
+                let next = i.wrapping_add(1);
+                self.directions.insert(
+                    (assoc, s),
+                    Direction {
+                        tag: i,
+                        tsn: next,
+                        ssn: 0,
+                    },
+                );
+            }
+        }
+        let ack = self.directions.get(&(assoc, 1 - side)).map_or(0, |d| d.tsn);
+        let d = self.directions.get_mut(&direction).expect("set up above");
+        let mut pieces = Vec::new();
+        for piece in stream.chunks(MAX_TCP_SEGMENT) {
+            pieces.push((d.tsn, piece.to_vec()));
+            d.tsn = d.tsn.wrapping_add(piece.len() as u32);
+        }
+        for (seq, piece) in pieces {
+            self.tcp_segment(at, from, to, seq, ack, 0x18, &piece);
+        }
+    }
+
+    /// One TCP segment (RFC 9293 §3.1: 20-byte header, no options, window 65535) with a correct
+    /// checksum.
+    #[allow(clippy::too_many_arguments)]
+    fn tcp_segment(
+        &mut self,
+        at: Duration,
+        from: SocketAddr,
+        to: SocketAddr,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+        payload: &[u8],
+    ) {
+        let mut tcp = Vec::with_capacity(20 + payload.len());
+        tcp.extend_from_slice(&from.port().to_be_bytes());
+        tcp.extend_from_slice(&to.port().to_be_bytes());
+        tcp.extend_from_slice(&seq.to_be_bytes());
+        tcp.extend_from_slice(&ack.to_be_bytes());
+        tcp.extend_from_slice(&[5 << 4, flags]);
+        tcp.extend_from_slice(&0xffffu16.to_be_bytes());
+        tcp.extend_from_slice(&[0, 0, 0, 0]);
+        tcp.extend_from_slice(payload);
+        let (IpAddr::V4(s), IpAddr::V4(t)) = (from.ip(), to.ip()) else {
+            self.left_out += 1;
+            return;
+        };
+        let mut pseudo = Vec::with_capacity(12);
+        pseudo.extend_from_slice(&s.octets());
+        pseudo.extend_from_slice(&t.octets());
+        pseudo.extend_from_slice(&[0, 6]);
+        pseudo.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
+        let sum = ones_complement_sum(&tcp, ones_complement_sum(&pseudo, 0));
+        let c = !fold(sum);
+        tcp[16..18].copy_from_slice(&c.to_be_bytes());
+        self.ip_packet(at, from, to, 6, 64, &tcp);
     }
 
     /// A multicast datagram from `from` to `group`, as one receiver got it.

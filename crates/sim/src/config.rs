@@ -29,6 +29,13 @@ pub struct LinkConfig {
     pub association_timeout: Duration,
     /// How long a connection attempt to an unreachable address takes to fail.
     pub connect_timeout: Duration,
+    /// How long a TCP-mapped association survives without hearing from its peer (the mapping's
+    /// `keepalive_timeout`, `docs/tcp-mapping.md`): its keep-alives are frames the peer's
+    /// process answers, so a paused process loses its TCP-mapped associations after this long.
+    pub tcp_keepalive_timeout: Duration,
+    /// How long a TCP connection attempt to an unreachable address takes to fail (the
+    /// mapping's `connect_timeout`).
+    pub tcp_connect_timeout: Duration,
 }
 
 impl Default for LinkConfig {
@@ -42,6 +49,8 @@ impl Default for LinkConfig {
             retransmission_timeout: Duration::from_millis(500),
             association_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
+            tcp_keepalive_timeout: Duration::from_secs(5),
+            tcp_connect_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -60,6 +69,10 @@ pub struct Faults {
     pub pauses: bool,
     /// Mean time between two faults (exponentially distributed).
     pub mean_interval: Duration,
+    /// One address of a multi-homed host is cut off (its link fails) for 2–40 s: SCTP
+    /// associations fail over to the other path, TCP-mapped ones over that address are lost.
+    /// Only in runs with multi-homed hosts.
+    pub path_cuts: bool,
 }
 
 impl Faults {
@@ -71,6 +84,7 @@ impl Faults {
             partitions: false,
             pauses: false,
             mean_interval: Duration::from_secs(20),
+            path_cuts: false,
         }
     }
 
@@ -82,11 +96,12 @@ impl Faults {
             partitions: true,
             pauses: true,
             mean_interval: Duration::from_secs(20),
+            path_cuts: true,
         }
     }
 
-    /// Parses a comma-separated list of `registrar`, `pe`, `partition`, `pause`, `all` or
-    /// `none`.
+    /// Parses a comma-separated list of `registrar`, `pe`, `partition`, `pause`, `path`, `all`
+    /// or `none`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut f = Faults::none();
         for w in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -95,11 +110,12 @@ impl Faults {
                 "pe" => f.crash_pool_elements = true,
                 "partition" => f.partitions = true,
                 "pause" => f.pauses = true,
+                "path" => f.path_cuts = true,
                 "all" => f = Faults::all(),
                 "none" => f = Faults::none(),
                 other => {
                     return Err(format!(
-                    "unknown fault `{other}` (expected registrar, pe, partition, pause, all, none)"
+                    "unknown fault `{other}` (expected registrar, pe, partition, pause, path, all, none)"
                 ))
                 }
             }
@@ -175,6 +191,28 @@ pub enum Mutation {
     /// that mislabels them), so that the PE left is reported unreachable and the receipt names
     /// the wrong reason: `failover_reason` must fail.
     MislabelledRequestedFailovers,
+    /// Registrars take a hostile host's ASAP_DEREGISTRATION as the owner's (the association is
+    /// rewritten to the owner's on the way in): `owner_only` must fail.
+    HostileAsOwner,
+    /// An SCTP association whose path is cut is lost although its other path works (no
+    /// failover): `failover_keeps_association` must fail.
+    NoPathFailover,
+    /// The peers of a restarted host are not told that its old associations are gone (no
+    /// SCTP_RESTART, no ABORT or RST for what they send): `restart_forgets_old` must fail.
+    SilentRestart,
+}
+
+/// Which hosts run the TCP mapping instead of SCTP, and which SCTP hosts are multi-homed
+/// (drawn per host from the seed, see [`SimConfig::tcp_share`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transports {
+    /// Every host speaks SCTP (the runs before the TCP mapping was simulated).
+    Sctp,
+    /// Each host is TCP-only with the probability [`SimConfig::tcp_share`].
+    PerHost,
+    /// Each registrar is TCP-only with that probability, and its static clients (PEs and PUs
+    /// that start their hunt with it) follow it, as a deployment without SCTP chooses.
+    PerRegistrar,
 }
 
 /// Everything one run needs.
@@ -270,6 +308,26 @@ pub struct SimConfig {
     /// CalcApp jobs arrive over the session's life, exponentially distributed with this mean
     /// (RSPLIB `-jobinterval`); `None`: all of a session's jobs are queued at its start.
     pub job_interval: Option<Duration>,
+    /// How hosts choose between SCTP and the TCP mapping.
+    pub transports: Transports,
+    /// Share of hosts (or registrars, with [`Transports::PerRegistrar`]) without SCTP: they
+    /// use the TCP mapping (one ordered byte stream, framed; keep-alive timeout; no
+    /// multi-homing). An association is TCP-mapped when either end is TCP-only.
+    pub tcp_share: f64,
+    /// Share of SCTP hosts with a second address (multi-homed; PEs register both).
+    pub multihomed_share: f64,
+    /// Hostile hosts: not owners of anything, they send registrars deregistrations and
+    /// registrations of other PEs' identifiers, ENDPOINT_UNREACHABLE floods, malformed
+    /// messages and ENRP messages under other registrars' IDs.
+    pub hostile: usize,
+    /// Registrars authenticate their peers (TLS identities, `RegistrarConfig::access`): PEs
+    /// and registrars hold allowed identities, hostile hosts hold none or one no rule allows.
+    pub authenticated: bool,
+    /// A crashed host that comes back before its peers noticed is seen as kernels see it: what
+    /// a peer sends on an old association draws an ABORT (SCTP) or RST (TCP), and a new
+    /// association from the same addresses restarts the old one at the peer (SCTP_RESTART)
+    /// or resets it. Off: the peers learn only by their timeout (the runs before it).
+    pub restarts: bool,
 }
 
 impl SimConfig {
@@ -298,6 +356,7 @@ impl SimConfig {
             partitions: r.random_bool(0.6),
             pauses: false,
             mean_interval: Duration::from_secs(r.random_range(5..40)),
+            path_cuts: false,
         };
         let mut c = SimConfig {
             seed,
@@ -337,6 +396,12 @@ impl SimConfig {
             manual_failover: 0.0,
             requested_failovers: None,
             job_interval: None,
+            transports: Transports::Sctp,
+            tcp_share: 0.0,
+            multihomed_share: 0.0,
+            hostile: 0,
+            authenticated: false,
+            restarts: false,
         };
         // Drawn last, so that adding it left the earlier draws of every seed as they were.
         c.faults.pauses = r.random_bool(0.5);
@@ -361,9 +426,28 @@ impl SimConfig {
         if c.calcapp {
             c.calcapp_max_jobs = r.random_range(1..=4);
         }
+        // The transports, multi-homing and hostile hosts came after everything above: a seed
+        // that draws none of them runs as before they were simulated.
+        c.transports = match r.random_range(0..10) {
+            0..=5 => Transports::Sctp,
+            6..=7 => Transports::PerHost,
+            _ => Transports::PerRegistrar,
+        };
+        if c.transports != Transports::Sctp {
+            c.tcp_share = r.random_range(0.2..0.8);
+        }
+        if r.random_bool(0.4) {
+            c.multihomed_share = r.random_range(0.3..1.0);
+            c.faults.path_cuts = r.random_bool(0.7);
+        }
+        if r.random_bool(0.3) {
+            c.hostile = r.random_range(1..=2);
+            c.authenticated = r.random_bool(0.5);
+        }
+        c.restarts = r.random_bool(0.5);
         // Business cards, signed cookies, manual and requested failovers and jobs over time
-        // came last of all, drawn after everything above: a seed whose draws leave them off
-        // runs as it did before they existed.
+        // came last of all, drawn after everything above (the
+        // transports included): a seed whose draws leave them off runs as before they existed.
         c.business_cards = r.random_bool(0.5);
         c.signed_cookies = r.random_bool(0.5);
         if c.signed_cookies {
@@ -398,6 +482,19 @@ impl SimConfig {
         self.manual_failover = 0.0;
         self.requested_failovers = None;
         self.job_interval = None;
+        self
+    }
+
+    /// Turns off what came with the TCP mapping, multi-homing and hostile hosts, so that a seed
+    /// runs exactly as it did before they were simulated.
+    pub fn without_net_modes(mut self) -> Self {
+        self.transports = Transports::Sctp;
+        self.tcp_share = 0.0;
+        self.multihomed_share = 0.0;
+        self.faults.path_cuts = false;
+        self.hostile = 0;
+        self.authenticated = false;
+        self.restarts = false;
         self
     }
 }

@@ -3,7 +3,10 @@
 //! of `rserpool-endpoint` and `rserpool-services`) run in
 //! one thread, in virtual time, over a simulated network that delays, loses, duplicates and
 //! reorders datagrams, keeps associations reliable and ordered (loss costs retransmission
-//! time), cuts hosts apart and heals them; hosts crash (state lost) and restart. Every random
+//! time), cuts hosts apart and heals them; hosts crash (state lost) and restart. Hosts speak
+//! SCTP (some multi-homed, their paths cut and failed over) or the TCP mapping; restarted hosts
+//! are seen as kernels see them (SCTP_RESTART, ABORT, RST); hostile hosts attack the
+//! registrars. Every random
 //! choice comes from one seed, so any run replays exactly. Invariants are checked after every
 //! step; a broken one names the seed, the step and the command that replays it. The LSNAT
 //! gateway core (`rserpool-lsnat` without its runtime) runs in its own world ([`gateway`]):
@@ -32,7 +35,7 @@ mod report;
 mod world;
 
 pub use capture::{ASAP_GROUP, ENRP_GROUP, MAX_CHUNK_DATA};
-pub use config::{Faults, LinkConfig, Mutation, SimConfig};
+pub use config::{Faults, LinkConfig, Mutation, SimConfig, Transports};
 pub use gateway::{run_gateway, GatewayConfig, GatewaySource};
 pub use report::{Failure, Outcome, Stats};
 pub use world::{HostId, World};

@@ -8,10 +8,13 @@
 //!              [--cookie-tampering P] [--manual-failover SHARE]
 //!              [--requested-failovers SECS|off] [--job-interval SECS|off]
 //!              [--seed S] [--trace] [--pcap FILE [--pcap-limit BYTES]]
+//!              [--transports sctp|per-host|per-registrar] [--tcp-share F] [--multihomed F]
+//!              [--hostile N] [--authenticated on|off] [--restarts on|off] [--path-cuts on|off]
+//!              [--net-modes off]
 //! ```
 
 use rserpool_sim::{
-    run, run_gateway, Faults, GatewayConfig, GatewaySource, Mutation, SimConfig, Stats,
+    run, run_gateway, Faults, GatewayConfig, GatewaySource, Mutation, SimConfig, Stats, Transports,
 };
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -47,6 +50,14 @@ struct Args {
     manual_failover: Option<f64>,
     requested_failovers: Option<Option<Duration>>,
     job_interval: Option<Option<Duration>>,
+    net_modes_off: bool,
+    transports: Option<Transports>,
+    tcp_share: Option<f64>,
+    multihomed: Option<f64>,
+    hostile: Option<usize>,
+    authenticated: Option<bool>,
+    restarts: Option<bool>,
+    path_cuts: Option<bool>,
 }
 
 /// Default most bytes of a `--pcap` file (the file is built in memory).
@@ -84,6 +95,14 @@ fn parse() -> Result<Args, String> {
         manual_failover: None,
         requested_failovers: None,
         job_interval: None,
+        net_modes_off: false,
+        transports: None,
+        tcp_share: None,
+        multihomed: None,
+        hostile: None,
+        authenticated: None,
+        restarts: None,
+        path_cuts: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -156,6 +175,27 @@ fn parse() -> Result<Args, String> {
             "--job-interval" => {
                 a.job_interval = Some(secs_or_off("--job-interval", value("--job-interval")?)?)
             }
+            "--net-modes" => a.net_modes_off = !on_off("--net-modes", value("--net-modes")?)?,
+            "--transports" => {
+                a.transports = Some(match value("--transports")?.as_str() {
+                    "sctp" => Transports::Sctp,
+                    "per-host" => Transports::PerHost,
+                    "per-registrar" => Transports::PerRegistrar,
+                    v => {
+                        return Err(format!(
+                            "--transports: `{v}` is not sctp, per-host or per-registrar"
+                        ))
+                    }
+                })
+            }
+            "--tcp-share" => a.tcp_share = Some(share("--tcp-share", value("--tcp-share")?)?),
+            "--multihomed" => a.multihomed = Some(share("--multihomed", value("--multihomed")?)?),
+            "--hostile" => a.hostile = Some(num("--hostile", value("--hostile")?)? as usize),
+            "--authenticated" => {
+                a.authenticated = Some(on_off("--authenticated", value("--authenticated")?)?)
+            }
+            "--restarts" => a.restarts = Some(on_off("--restarts", value("--restarts")?)?),
+            "--path-cuts" => a.path_cuts = Some(on_off("--path-cuts", value("--path-cuts")?)?),
             "--max-jobs" => a.max_jobs = Some(num("--max-jobs", value("--max-jobs")?)? as usize),
             "--chaos" => a.chaos = Some(num("--chaos", value("--chaos")?)?),
             "--check-every" => a.check_every = Some(num("--check-every", value("--check-every")?)?),
@@ -179,82 +219,18 @@ fn parse() -> Result<Args, String> {
                     "foreign-business-cards" => Mutation::ForeignBusinessCards,
                     "unchecked-cookie-seal" => Mutation::UncheckedCookieSeal,
                     "mislabelled-requested-failovers" => Mutation::MislabelledRequestedFailovers,
+                    "hostile-as-owner" => Mutation::HostileAsOwner,
+                    "no-path-failover" => Mutation::NoPathFailover,
+                    "silent-restart" => Mutation::SilentRestart,
                     other => {
                         return Err(format!(
-                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress, ignored-business-cards, foreign-business-cards, unchecked-cookie-seal, mislabelled-requested-failovers, gateway-crash-finishes-answers, gateway-source-only-adds, gateway-slow-refresh, gateway-restart-keeps-sessions, gateway-forgets-resets)"
+                            "unknown mutation `{other}` (one-way-enrp, silent-pes, blind-takeover-acks, lost-probe-answers, reordered-session-start, duplicated-session-messages, gateway-fin-from-dead-member, gateway-probes-through-cut, calcapp-echo-loses-progress, ignored-business-cards, foreign-business-cards, unchecked-cookie-seal, mislabelled-requested-failovers, gateway-crash-finishes-answers, gateway-source-only-adds, gateway-slow-refresh, gateway-restart-keeps-sessions, gateway-forgets-resets, hostile-as-owner, no-path-failover, silent-restart)"
                         ))
                     }
                 })
             }
             "-h" | "--help" => {
-                println!(
-                    "rserpool-sim: deterministic simulation of registrars, PEs and PUs\n\n\
-                     --seeds N        run N seeds (default 100)\n\
-                     --first S        first seed of the range (default 0)\n\
-                     --seed S         run only seed S\n\
-                     --trace          print the readable trace of each run\n\
-                     --pcap FILE      with --seed: write every message the simulated network\n\
-                                      delivers to FILE (pcap, raw IPv4, SCTP and UDP; see\n\
-                                      docs/simulation.md), readable by `rserpool decode`,\n\
-                                      tshark and Wireshark\n\
-                     --pcap-limit N   most bytes of the --pcap file (default 1073741824); later\n\
-                                      packets are left out and counted\n\
-                     --faults LIST    registrar,pe,partition,pause | all | none (default: from the seed)\n\
-                     --registrars N, --pes N, --pus N   sizes (default: from the seed)\n\
-                     --sessions N     PingPong sessions per PU (default: from the seed; 0 runs a\n\
-                                      seed as it ran before sessions were simulated)\n\
-                     --failure-after N  PingPong PEs abort a session after N replies (0 never)\n\
-                     --pools N        pools the PEs are spread over (default: from the seed)\n\
-                     --calcapp on|off the last pool runs CalcApp jobs (default: from the seed;\n\
-                                      off runs a seed as it ran before CalcApp was simulated)\n\
-                     --max-jobs N     jobs a CalcApp PE runs at once (default: from the seed)\n\
-                     --session-extras off  no business cards, signed cookies, manual or requested\n\
-                                      failovers, jobs over time: a seed as it ran before them\n\
-                                      (the options below, given after, turn one on again)\n\
-                     --business-cards on|off  PEs send business cards (default: from the seed)\n\
-                     --signed-cookies on|off  PEs seal cookies with HMAC under a pool key; some\n\
-                                      seeds give one PE its own key or none (default: seed)\n\
-                     --cookie-tampering P  probability (0..1) that a signed cookie echo is altered\n\
-                                      or replaced by another user's on the way (default: seed)\n\
-                     --manual-failover SHARE  share (0..1) of sessions in manual failover mode\n\
-                     --requested-failovers SECS|off  mean time between failovers the application\n\
-                                      of a bound session asks for (default: from the seed)\n\
-                     --job-interval SECS|off  CalcApp jobs arrive over time with this mean gap\n\
-                                      (off: all queued at the session's start; default: seed)\n\
-                     --chaos SECS     length of the chaos phase (default: from the seed)\n\
-                     --check-every N  scan every handlespace only every N steps (default 1)\n\
-                     --mutation M     a deliberate defect the checker must catch:\n\
-                                      one-way-enrp, silent-pes, blind-takeover-acks,\n\
-                                      lost-probe-answers, reordered-session-start,\n\
-                                      duplicated-session-messages,\n\
-                                      gateway-fin-from-dead-member,\n\
-                                      gateway-probes-through-cut,\n\
-                                      gateway-crash-finishes-answers,\n\
-                                      gateway-source-only-adds, gateway-slow-refresh,\n\
-                                      gateway-restart-keeps-sessions,\n\
-                                      gateway-forgets-resets,\n\
-                                      calcapp-echo-loses-progress, ignored-business-cards,\n\
-                                      foreign-business-cards, unchecked-cookie-seal,\n\
-                                      mislabelled-requested-failovers (tests of the checker)\n\
-                     --gateway        run the LSNAT gateway core's world instead (clients, data\n\
-                                      plane, members that crash, restart and pause, a\n\
-                                      network that loses and cuts members off); takes\n\
-                                      --seeds, --first, --seed, --trace, --mutation,\n\
-                                      --clean-network, --clean-client-network,\n\
-                                      --gateway-faults, --gateway-source\n\
-                     --clean-network  (--gateway) no loss, jitter or partitions on either side\n\
-                                      of the gateway (with --gateway-faults off and\n\
-                                      --gateway-source static: a seed as it ran before the\n\
-                                      gateway world's network lost and cut)\n\
-                     --clean-client-network  (--gateway) no loss, jitter or cuts between the\n\
-                                      clients and the gateway\n\
-                     --gateway-faults on|off  (--gateway) the gateway itself crashes (process\n\
-                                      or host, state lost), restarts and pauses (default:\n\
-                                      from the seed)\n\
-                     --gateway-source static|rserpool  (--gateway) members from a static list,\n\
-                                      or PEs registered with a registrar that the gateway\n\
-                                      resolves (default: from the seed)"
-                );
+                println!("{HELP}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}` (try --help)")),
@@ -295,6 +271,88 @@ fn secs_or_off(name: &str, v: String) -> Result<Option<Duration>, String> {
         )),
     }
 }
+
+const HELP: &str = r#"rserpool-sim: deterministic simulation of registrars, PEs and PUs
+
+  --seeds N        run N seeds (default 100)
+  --first S        first seed of the range (default 0)
+  --seed S         run only seed S
+  --trace          print the readable trace of each run
+  --pcap FILE      with --seed: write every message the simulated network
+                   delivers to FILE (pcap, raw IPv4, SCTP and UDP; see
+                   docs/simulation.md), readable by `rserpool decode`,
+                   tshark and Wireshark
+  --pcap-limit N   most bytes of the --pcap file (default 1073741824); later
+                   packets are left out and counted
+  --faults LIST    registrar,pe,partition,pause,path | all | none (default: from
+                   the seed; path cuts need multi-homed hosts)
+  --registrars N, --pes N, --pus N   sizes (default: from the seed)
+  --sessions N     PingPong sessions per PU (default: from the seed; 0 runs a
+                   seed as it ran before sessions were simulated)
+  --failure-after N  PingPong PEs abort a session after N replies (0 never)
+  --pools N        pools the PEs are spread over (default: from the seed)
+  --calcapp on|off the last pool runs CalcApp jobs (default: from the seed;
+                   off runs a seed as it ran before CalcApp was simulated)
+  --max-jobs N     jobs a CalcApp PE runs at once (default: from the seed)
+  --session-extras off  no business cards, signed cookies, manual or requested
+                   failovers, jobs over time: a seed as it ran before them
+                   (the options below, given after, turn one on again)
+  --business-cards on|off  PEs send business cards (default: from the seed)
+  --signed-cookies on|off  PEs seal cookies with HMAC under a pool key; some
+                   seeds give one PE its own key or none (default: seed)
+  --cookie-tampering P  probability (0..1) that a signed cookie echo is altered
+                   or replaced by another user's on the way (default: seed)
+  --manual-failover SHARE  share (0..1) of sessions in manual failover mode
+  --requested-failovers SECS|off  mean time between failovers the application
+                   of a bound session asks for (default: from the seed)
+  --job-interval SECS|off  CalcApp jobs arrive over time with this mean gap
+                   (off: all queued at the session's start; default: seed)
+  --chaos SECS     length of the chaos phase (default: from the seed)
+  --check-every N  scan every handlespace only every N steps (default 1)
+  --mutation M     a deliberate defect the checker must catch:
+                   one-way-enrp, silent-pes, blind-takeover-acks,
+                   lost-probe-answers, reordered-session-start,
+                   duplicated-session-messages,
+                   gateway-fin-from-dead-member,
+                   gateway-probes-through-cut,
+                   gateway-crash-finishes-answers,
+                   gateway-source-only-adds, gateway-slow-refresh,
+                   gateway-restart-keeps-sessions,
+                   gateway-forgets-resets,
+                   calcapp-echo-loses-progress, ignored-business-cards,
+                   foreign-business-cards, unchecked-cookie-seal,
+                   mislabelled-requested-failovers, hostile-as-owner,
+                   no-path-failover, silent-restart (tests of the checker)
+  --transports M   sctp | per-host | per-registrar: which hosts lack SCTP and
+                   use the TCP mapping (default: from the seed)
+  --tcp-share F    share of hosts (per-host) or registrars (per-registrar,
+                   their clients follow them) without SCTP, 0..1
+  --multihomed F   share of SCTP hosts with a second address, 0..1
+  --hostile N      hostile hosts attacking the registrars (default: from the seed)
+  --authenticated on|off  registrars check TLS identities (access rules)
+  --restarts on|off  peers see a restarted host's kernel (SCTP_RESTART,
+                   ABORT, RST) rather than only their timeout
+  --path-cuts on|off  cut one address of a multi-homed host now and then
+                   (keeps the seed's other faults)
+  --net-modes off  none of the last six (a seed as it ran before them)
+  --gateway        run the LSNAT gateway core's world instead (clients, data
+                   plane, members that crash, restart and pause, a
+                   network that loses and cuts members off); takes
+                   --seeds, --first, --seed, --trace, --mutation,
+                   --clean-network, --clean-client-network,
+                   --gateway-faults, --gateway-source
+  --clean-network  (--gateway) no loss, jitter or partitions on either side
+                   of the gateway (with --gateway-faults off and
+                   --gateway-source static: a seed as it ran before the
+                   gateway world's network lost and cut)
+  --clean-client-network  (--gateway) no loss, jitter or cuts between the
+                   clients and the gateway
+  --gateway-faults on|off  (--gateway) the gateway itself crashes (process
+                   or host, state lost), restarts and pauses (default:
+                   from the seed)
+  --gateway-source static|rserpool  (--gateway) members from a static list,
+                   or PEs registered with a registrar that the gateway
+                   resolves (default: from the seed)"#;
 
 fn main() -> ExitCode {
     let args = match parse() {
@@ -347,6 +405,9 @@ fn main() -> ExitCode {
             continue;
         }
         let mut cfg = SimConfig::from_seed(seed);
+        if args.net_modes_off {
+            cfg = cfg.without_net_modes();
+        }
         cfg.trace = args.trace;
         if let Some(f) = &args.faults {
             // Which faults; how often stays the seed's.
@@ -399,6 +460,30 @@ fn main() -> ExitCode {
         }
         if let Some(m) = args.job_interval {
             cfg.job_interval = m;
+        }
+        if let Some(t) = args.transports {
+            cfg.transports = t;
+            if t != Transports::Sctp && cfg.tcp_share == 0.0 {
+                cfg.tcp_share = 0.5;
+            }
+        }
+        if let Some(f) = args.tcp_share {
+            cfg.tcp_share = f;
+        }
+        if let Some(f) = args.multihomed {
+            cfg.multihomed_share = f;
+        }
+        if let Some(n) = args.hostile {
+            cfg.hostile = n;
+        }
+        if let Some(on) = args.authenticated {
+            cfg.authenticated = on;
+        }
+        if let Some(on) = args.restarts {
+            cfg.restarts = on;
+        }
+        if let Some(on) = args.path_cuts {
+            cfg.faults.path_cuts = on;
         }
         cfg.mutation = args.mutation;
         if args.pcap.is_some() {

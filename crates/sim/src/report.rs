@@ -148,6 +148,22 @@ pub struct Stats {
     pub gw_resolutions: u64,
     /// Crashes of the registrar that feeds a gateway its members.
     pub gw_registrar_crashes: u64,
+    /// TCP-mapped associations opened (or attempted).
+    pub tcp_associations: u64,
+    /// Path cuts (one address of a multi-homed host) injected.
+    pub path_cuts: u64,
+    /// Messages on an SCTP association that went over its alternate path (primary cut).
+    pub failovers_to_alternate: u64,
+    /// Associations a restarted host restarted at a peer (SCTP_RESTART or a TCP reset).
+    pub restarts_seen: u64,
+    /// ABORTs and RSTs a restarted host's kernel sent for messages on old associations.
+    pub restart_aborts: u64,
+    /// Messages hostile hosts sent to registrars.
+    pub hostile_messages: u64,
+    /// Hostile hosts' associations the registrars refused (no allowed identity).
+    pub hostile_refused: u64,
+    /// Operation errors the registrars answered malformed messages with.
+    pub malformed_answered: u64,
 }
 
 impl Stats {
@@ -202,6 +218,14 @@ impl Stats {
         self.gw_client_failed += o.gw_client_failed;
         self.gw_resolutions += o.gw_resolutions;
         self.gw_registrar_crashes += o.gw_registrar_crashes;
+        self.tcp_associations += o.tcp_associations;
+        self.path_cuts += o.path_cuts;
+        self.failovers_to_alternate += o.failovers_to_alternate;
+        self.restarts_seen += o.restarts_seen;
+        self.restart_aborts += o.restart_aborts;
+        self.hostile_messages += o.hostile_messages;
+        self.hostile_refused += o.hostile_refused;
+        self.malformed_answered += o.malformed_answered;
     }
 }
 
@@ -212,7 +236,7 @@ impl fmt::Display for Stats {
             "{} steps, {:.0} simulated s, {} invariant checks; {} messages ({} retransmissions), \
              {} datagrams ({} lost), {} associations ({} timed out); faults: {} crashes, {} \
              restarts, {} partitions, {} pauses, {} departures; {} takeovers; {} resolutions answered, {} failed; {} unreachable reports, {} PEs \
-             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset; {} gateway crashes, {} gateway pauses, {} sessions lost with the gateway, {} client connects failed, {} member updates from resolutions, {} registrar crashes)",
+             removed on reports; {} sessions ({} finished, {} gave up), {} failovers ({} with a cookie, {} cookie echoes), {} pings, {} answered; CalcApp: {} jobs ({} completed, {} resumed from a cookie, {} rejections); gateway: {} sessions ({} refused, {} closed, {} member lost, {} connect failed, {} reset; {} gateway crashes, {} gateway pauses, {} sessions lost with the gateway, {} client connects failed, {} member updates from resolutions, {} registrar crashes); network: {} TCP-mapped associations, {} path cuts, {} messages over an alternate path, {} associations restarted, {} ABORTs/RSTs from restarted hosts; hostile: {} messages, {} associations refused, {} malformed answered with a cause",
             self.steps,
             self.simulated.as_secs_f64(),
             self.checks,
@@ -255,7 +279,15 @@ impl fmt::Display for Stats {
             self.gw_orphaned,
             self.gw_client_failed,
             self.gw_resolutions,
-            self.gw_registrar_crashes
+            self.gw_registrar_crashes,
+            self.tcp_associations,
+            self.path_cuts,
+            self.failovers_to_alternate,
+            self.restarts_seen,
+            self.restart_aborts,
+            self.hostile_messages,
+            self.hostile_refused,
+            self.malformed_answered
         )?;
         write!(
             f,

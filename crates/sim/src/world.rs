@@ -2,7 +2,7 @@
 //! in virtual time, faults, workload, and the invariants checked after every step.
 
 use crate::capture::{Capture, ASAP_GROUP, ENRP_GROUP};
-use crate::config::{Mutation, SimConfig};
+use crate::config::{Mutation, SimConfig, Transports};
 use crate::fixtures::sctp_peer;
 use crate::queue::EventQueue;
 use crate::report::{Failure, Outcome, Stats};
@@ -17,8 +17,8 @@ use rserpool_endpoint::session::{
 };
 use rserpool_registrar::enrp::{Enrp, EnrpConfig, EnrpDestination, EnrpEvent, Source};
 use rserpool_registrar::{
-    AnnounceConfig, AssociationId, Destination, Profile, Registrar, RegistrarConfig,
-    RegistrarEvent, RemovalCause,
+    AnnounceConfig, AssociationId, AssociationKind, Destination, PeerInfo, Profile, Registrar,
+    RegistrarConfig, RegistrarEvent, RemovalCause,
 };
 use rserpool_services::calcapp::{
     CalcAppClient, CalcAppClientConfig, CalcAppCookie, CalcAppMessage, CalcAppServer,
@@ -41,7 +41,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
 
-#[path = "sessions.rs"]
+mod hostile;
+mod net;
 mod sessions;
 
 /// The registrars' ASAP port.
@@ -74,6 +75,8 @@ pub enum HostId {
     PoolElement(usize),
     /// Pool user number n.
     PoolUser(usize),
+    /// Hostile host number n (`--hostile N`): owns nothing, attacks the registrars.
+    Hostile(usize),
 }
 
 impl std::fmt::Display for HostId {
@@ -82,6 +85,7 @@ impl std::fmt::Display for HostId {
             HostId::Registrar(i) => write!(f, "R{i}"),
             HostId::PoolElement(i) => write!(f, "PE{i}"),
             HostId::PoolUser(i) => write!(f, "PU{i}"),
+            HostId::Hostile(i) => write!(f, "X{i}"),
         }
     }
 }
@@ -119,6 +123,17 @@ struct Assoc {
     /// A session association one end (this side) aborted: what that end had sent still
     /// arrives before the abort, nothing more moves.
     closing: Option<usize>,
+    /// TCP-mapped (one address pair, the mapping's keep-alive timeout) rather than SCTP.
+    tcp: bool,
+    /// The end whose host crashed while the other still believes the association up: a
+    /// restarted host answers what arrives on it with an ABORT (SCTP) or RST (TCP), and its
+    /// new association from the same address pair restarts it (SCTP_RESTART) or resets it.
+    half_open: Option<usize>,
+    /// Which ends were told that the association is down (each is told once).
+    down_seen: [bool; 2],
+    /// Associations of the initiator's previous incarnation that this one restarts at the
+    /// peer when it comes up (SCTP_RESTART: the peer's old association is reported down first).
+    restarts: Vec<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -150,6 +165,12 @@ enum Ev {
     Resume(HostId),
     /// PU k starts a new session in slot n.
     SessionStart(usize, usize),
+    /// A paused host's TCP-mapped association: its peer's keep-alive timeout is due.
+    KeepAliveDue(u64, HostId),
+    /// A cut address of a multi-homed host comes back.
+    HealPath(IpAddr),
+    /// Hostile host n acts.
+    Hostile(usize),
     /// The periodic check that every session makes progress.
     SessionAudit,
     EndChaos,
@@ -305,12 +326,9 @@ pub struct World {
     settle_until: Duration,
     chaos: bool,
     codec: Codec,
-    /// Takeover winners per (target ID, target incarnation): when the episode began and who won
-    /// it, for `takeover_unique`.
-    winners: BTreeMap<(RegistrarId, u32), (Duration, BTreeSet<RegistrarId>)>,
-    /// When an ENRP message of each registrar ID was last delivered to a peer: a target heard
-    /// after a takeover of it is alive, and a later takeover is a new episode.
-    enrp_heard: BTreeMap<RegistrarId, Duration>,
+    /// Takeover winners per (target ID, target incarnation), with when each won, for
+    /// `takeover_unique`.
+    winners: BTreeMap<(RegistrarId, u32), BTreeMap<RegistrarId, Duration>>,
     trace_hash: u64,
     trace: Option<Vec<String>>,
     /// The pcap file of delivered traffic, when asked for.
@@ -341,12 +359,28 @@ pub struct World {
     issued: BTreeMap<Vec<u8>, sessions::CookieOrigin>,
     /// Per session association: whether the PE must accept the cookie echoed there, and why.
     verdicts: BTreeMap<u64, (bool, String)>,
+    /// Randomness of the transports, multi-homing, path cuts and hostile hosts: a stream of
+    /// its own, so that a run without them draws from `rng` exactly as before they existed.
+    net_rng: ChaCha8Rng,
+    /// Hosts without SCTP (they use the TCP mapping).
+    tcp_only: BTreeSet<HostId>,
+    /// The second address of each multi-homed host.
+    second_ip: BTreeMap<HostId, IpAddr>,
+    /// Addresses cut off now (a path fault), with the time they were cut.
+    cut_ips: BTreeMap<IpAddr, Duration>,
+    /// When each paused host was paused.
+    paused_since: BTreeMap<HostId, Duration>,
+    /// The hostile hosts.
+    hostiles: Vec<hostile::HostileHost>,
+    /// Registrations a hostile host holds (a claim granted to it): registrar, PE.
+    stranger_held: BTreeSet<(usize, PoolElementId)>,
 }
 
 impl World {
     /// Builds the world of `cfg`: hosts started, first events scheduled.
     pub fn new(cfg: SimConfig) -> World {
         let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let cfg_seed = cfg.seed;
         let pools = (0..cfg.pools.max(1))
             .map(|i| PoolHandle::from(format!("Pool{i}").as_str()))
             .collect();
@@ -371,7 +405,6 @@ impl World {
             settle_until: Duration::ZERO,
             chaos: true,
             winners: BTreeMap::new(),
-            enrp_heard: BTreeMap::new(),
             trace_hash: 0xcbf2_9ce4_8422_2325,
             stats: Stats::default(),
             failure: None,
@@ -387,6 +420,13 @@ impl World {
             echoed_jobs: BTreeMap::new(),
             issued: BTreeMap::new(),
             verdicts: BTreeMap::new(),
+            net_rng: ChaCha8Rng::seed_from_u64(cfg_seed ^ 0x0e7_7c9f_1a5e_d00d),
+            tcp_only: BTreeSet::new(),
+            second_ip: BTreeMap::new(),
+            cut_ips: BTreeMap::new(),
+            paused_since: BTreeMap::new(),
+            hostiles: Vec::new(),
+            stranger_held: BTreeSet::new(),
         };
         w.build();
         w
@@ -480,6 +520,7 @@ impl World {
                 self.drift.insert(h, ppm);
             }
         }
+        self.build_net();
         for i in 0..nr {
             self.start_registrar(i);
         }
@@ -515,6 +556,7 @@ impl World {
         self.draw_business_cards();
     }
 
+    /// The hosts the faults pick from (hostile hosts are never crashed, cut or paused).
     fn hosts(&self) -> Vec<HostId> {
         (0..self.regs.len())
             .map(HostId::Registrar)
@@ -598,6 +640,7 @@ impl World {
             HostId::Registrar(i) => self.regs[i].alive,
             HostId::PoolElement(j) => self.pes[j].alive,
             HostId::PoolUser(k) => self.pus[k].alive,
+            HostId::Hostile(_) => true,
         }
     }
 
@@ -606,6 +649,7 @@ impl World {
             HostId::Registrar(i) => self.regs[i].inc,
             HostId::PoolElement(j) => self.pes[j].inc,
             HostId::PoolUser(k) => self.pus[k].inc,
+            HostId::Hostile(_) => 0,
         }
     }
 
@@ -631,6 +675,14 @@ impl World {
                 self.pus[k].ip,
                 if service == Service::Session {
                     PU_SESSION_PORT
+                } else {
+                    CLIENT_PORT
+                },
+            ),
+            HostId::Hostile(n) => SocketAddr::new(
+                self.hostiles[n].ip,
+                if service == Service::Enrp {
+                    ENRP_PORT
                 } else {
                     CLIENT_PORT
                 },
@@ -723,33 +775,67 @@ impl World {
             Some((h, s)) => (h, s == service),
             None => (from, false),
         };
+        let tcp = self.is_tcp(from) || self.is_tcp(to);
+        // SCTP reaches the peer on any of its addresses; TCP tries them in order, each
+        // unreachable one costing a connect timeout (`docs/tcp-mapping.md`).
+        let (to_sock, tried) = if tcp {
+            self.tcp_target(to, to_addr)
+        } else {
+            (self.addr_of(to, service), 0)
+        };
+        let from_addr = if tcp {
+            // A TCP client connects from an ephemeral port of its own.
+            let a = self.source_addr(from, from_addr);
+            SocketAddr::new(a.ip(), 49_152 + (id % 16_384) as u16)
+        } else {
+            from_addr
+        };
         let a = Assoc {
             ends: [from, to],
             incs: [self.inc(from), self.inc(to)],
-            addrs: [from_addr, self.addr_of(to, service)],
+            addrs: [from_addr, to_sock],
             service,
             state: AssocState::Connecting,
             queues: [VecDeque::new(), VecDeque::new()],
             last_ready: [Duration::ZERO; 2],
             cut_since: None,
             closing: None,
+            tcp,
+            half_open: None,
+            down_seen: [false; 2],
+            restarts: Vec::new(),
         };
         self.assocs.insert(id, a);
         self.stats.associations += 1;
-        if target.is_none() || !ok_service || self.cut(from, to) {
-            let t = self.now + self.cfg.link.connect_timeout;
+        if tcp {
+            self.stats.tcp_associations += 1;
+        }
+        let connect_timeout = if tcp {
+            self.cfg.link.tcp_connect_timeout
+        } else {
+            self.cfg.link.connect_timeout
+        };
+        let reachable = self.reachable(id);
+        if target.is_none() || !ok_service || !reachable {
+            let t = self.now + connect_timeout * (tried + 1);
             self.schedule(t, Ev::ConnectFailed(id));
         } else {
             let rtt = self.delay(from, to) + self.delay(to, from);
-            let at = self.now + rtt;
+            let mut at = self.now + rtt + connect_timeout * tried;
             if self.alive(to) {
+                at += self.restart_at_peer(id);
                 self.schedule(at, Ev::Established(id));
             } else {
                 // Nobody listens: refused (an ABORT comes back at once).
                 self.schedule(at, Ev::ConnectFailed(id));
             }
         }
-        self.note(|| format!("connect #{id} {from} -> {to_addr:?}"));
+        self.note(|| {
+            format!(
+                "connect #{id} {from} -> {to_addr:?}{}",
+                if tcp { " (TCP mapping)" } else { "" }
+            )
+        });
         id
     }
 
@@ -758,6 +844,10 @@ impl World {
         let Some(a) = self.assocs.get(&id) else {
             return;
         };
+        if a.state == AssocState::Closed && a.half_open.is_some() {
+            self.send_to_restarted(id, from);
+            return;
+        }
         if a.state == AssocState::Closed || a.closing.is_some() {
             return;
         }
@@ -769,7 +859,11 @@ impl World {
         if self.one_way_cut(x, y, a.service) {
             return;
         }
-        let mut d = self.delay(x, y);
+        let failover = self.failover_cost(id);
+        if failover > Duration::ZERO {
+            self.stats.failovers_to_alternate += 1;
+        }
+        let mut d = self.delay(x, y) + failover;
         // Each loss costs a retransmission timeout (doubling, as SCTP's RTO does).
         let mut rto = self.cfg.link.retransmission_timeout;
         let mut tries = 0;
@@ -839,8 +933,8 @@ impl World {
         a.queues = [VecDeque::new(), VecDeque::new()];
         let (x, y) = (a.ends[me], a.ends[other]);
         if was_up {
-            let t = if self.cut(x, y) {
-                self.now + self.cfg.link.association_timeout
+            let t = if !self.reachable(id) {
+                self.now + self.assoc_timeout(id)
             } else {
                 let d = self.delay(x, y);
                 self.now + d
@@ -880,11 +974,15 @@ impl World {
                 }
                 continue;
             }
-            let t = if process_only && !self.cut(h, peer) {
+            let t = if process_only && self.reachable(id) {
                 let d = self.delay(h, peer);
                 self.now + d
             } else {
-                self.now + self.cfg.link.association_timeout
+                if !process_only {
+                    // The peer still believes it up until it hears otherwise.
+                    self.assocs.get_mut(&id).expect("present").half_open = Some(1 - other);
+                }
+                self.now + self.assoc_timeout(id)
             };
             self.schedule(
                 t,
@@ -1007,7 +1105,7 @@ impl World {
             Ev::Datagram { to, from, bytes } => {
                 // Datagrams are judged at arrival: a partition or a dead host drops them.
                 let src = self.host_at_ip(from.ip());
-                if !self.alive(to) || src.is_some_and(|s| self.cut(s, to)) {
+                if !self.alive(to) || src.is_some_and(|s| !self.host_reachable(s, to)) {
                     return;
                 }
                 self.hash(1, 0, &bytes);
@@ -1042,8 +1140,12 @@ impl World {
                 };
                 if a.state == AssocState::Up
                     && a.cut_since
-                        .is_some_and(|t| t + self.cfg.link.association_timeout <= self.now)
+                        .is_some_and(|t| t + self.assoc_timeout(id) <= self.now)
                 {
+                    self.check_failover(id);
+                    if self.failure.is_some() {
+                        return;
+                    }
                     let a = self.assocs.get_mut(&id).expect("present");
                     a.state = AssocState::Closed;
                     a.queues = [VecDeque::new(), VecDeque::new()];
@@ -1065,12 +1167,16 @@ impl World {
             }
             Ev::Resolve(k) => self.on_resolve(k),
             Ev::Resume(h) => {
+                self.paused_since.remove(&h);
                 if self.paused.remove(&h).is_some() {
                     self.note(|| format!("RESUME {h}"));
                     self.hash(9, 0, &[]);
                 }
             }
             Ev::SessionStart(k, n) => self.start_session(k, n),
+            Ev::KeepAliveDue(id, h) => self.keep_alive_due(id, h),
+            Ev::HealPath(ip) => self.heal_path(ip),
+            Ev::Hostile(n) => self.hostile_acts(n),
             Ev::SessionAudit => self.audit_sessions(),
             Ev::EndChaos => self.end_chaos(),
             Ev::Finish => self.check_converged(),
@@ -1117,7 +1223,11 @@ impl World {
                 Service::Enrp => (12, &bytes[..]),
                 Service::Session => unframe(&bytes).unwrap_or((0, &bytes[..])),
             };
-            c.association_message(self.now, (id, side), from, to, ppid, data);
+            if a.tcp {
+                c.tcp_message(self.now, (id, side), from, to, ppid, data);
+            } else {
+                c.association_message(self.now, (id, side), from, to, ppid, data);
+            }
         }
         if self.trace.is_some() {
             let what = self.describe(service, &bytes);
@@ -1128,6 +1238,7 @@ impl World {
             HostId::Registrar(i) => self.reg_message(i, id, service, &bytes),
             HostId::PoolElement(j) => self.pe_message(j, id, service, &bytes),
             HostId::PoolUser(k) => self.pu_message(k, id, service, &bytes),
+            HostId::Hostile(n) => self.hostile_message(n, id, service, &bytes),
         }
     }
 
@@ -1139,8 +1250,12 @@ impl World {
             return;
         }
         let (x, y) = (a.ends[0], a.ends[1]);
-        if self.end_of(id, 1).is_none() || self.cut(x, y) {
+        if self.end_of(id, 1).is_none() || !self.reachable(id) {
             self.on_connect_failed(id);
+            return;
+        }
+        self.restarted_at_peer(id);
+        if self.failure.is_some() {
             return;
         }
         let inc_y = self.inc(y);
@@ -1160,7 +1275,7 @@ impl World {
         }
         self.hash(3, id, &[]);
         self.note(|| format!("association #{id} up {x} -> {y}"));
-        if self.cut(x, y) {
+        if !self.reachable(id) {
             self.assocs.get_mut(&id).expect("present").cut_since = Some(now);
         }
         self.up(id, 0, false);
@@ -1173,32 +1288,59 @@ impl World {
         };
         let a = &self.assocs[&id];
         let (service, peer) = (a.service, a.addrs[1 - side]);
+        let peer_host = a.ends[1 - side];
         match h {
             HostId::Registrar(i) => {
                 if service == Service::Asap {
                     let now = self.local(h);
+                    let info = if self.tcp_only.is_empty() && self.second_ip.is_empty() {
+                        sctp_peer(peer.ip(), peer.port())
+                    } else {
+                        self.peer_info(id, side)
+                    };
+                    let identity = self.identity_of(peer_host);
                     if let Some(c) = self.regs[i].core.as_mut() {
                         let (reg, enrp) = &mut **c;
-                        reg.association_up(
-                            now,
-                            AssociationId(id),
-                            sctp_peer(peer.ip(), peer.port()),
-                        );
+                        if self.cfg.authenticated {
+                            reg.association_up_with_identity(
+                                now,
+                                AssociationId(id),
+                                info,
+                                identity,
+                            );
+                        } else {
+                            reg.association_up(now, AssociationId(id), info);
+                        }
                         enrp.after_asap(reg);
+                    }
+                } else if service == Service::Enrp && self.cfg.authenticated {
+                    // RFC 5355 §3.4: a peer without an allowed identity does not join; the
+                    // association is closed before any of its messages is taken.
+                    let identity = self.identity_of(peer_host);
+                    let refused = self.regs[i].core.as_mut().is_some_and(|c| {
+                        c.0.check_enrp_identity(AssociationId(id), identity)
+                            .is_err()
+                    });
+                    if refused {
+                        if matches!(peer_host, HostId::Hostile(_)) {
+                            self.stats.hostile_refused += 1;
+                        }
+                        self.note(|| format!("{h}: ENRP association #{id} refused (identity)"));
+                        self.close(id, h);
+                        self.flush(h);
+                        return;
                     }
                 }
                 self.flush(h);
             }
+            HostId::Hostile(_) => {}
             HostId::PoolElement(j) if service == Service::Session => {
                 let now = Now::from_monotonic(self.local(h));
-                let identity = match peer.ip() {
-                    IpAddr::V4(a) => a.octets().to_vec(),
-                    IpAddr::V6(a) => a.octets().to_vec(),
-                };
+                let identity = self.binding_identity(id, h);
                 let p = &mut self.pes[j];
                 match p.server.as_mut() {
                     Some(server) if inbound => {
-                        if server.accept(now, id, Some(identity)) {
+                        if server.accept(now, id, identity) {
                             p.sessions.insert(id);
                         }
                     }
@@ -1328,6 +1470,10 @@ impl World {
                 }
                 self.flush(h);
             }
+            HostId::Hostile(n) => {
+                self.hostiles[n].asap.retain(|_, v| *v != id);
+                self.hostiles[n].enrp.retain(|_, v| *v != id);
+            }
             HostId::PoolUser(k) => {
                 if self.pus[k].connecting == Some(id) {
                     self.pus[k].connecting = None;
@@ -1353,6 +1499,9 @@ impl World {
         };
         if let Some(a) = self.assocs.get_mut(&id) {
             a.state = AssocState::Closed;
+            if std::mem::replace(&mut a.down_seen[side], true) {
+                return;
+            }
         }
         self.hash(4, id, &[]);
         self.expect_echo.remove(&id);
@@ -1418,12 +1567,19 @@ impl World {
                     return;
                 }
             }
+            HostId::Hostile(n) => {
+                let x = &mut self.hostiles[n];
+                x.asap.retain(|_, v| *v != id);
+                x.enrp.retain(|_, v| *v != id);
+                x.owed.remove(&id);
+                return;
+            }
         }
         self.flush(h);
     }
 
     fn on_timer(&mut self, h: HostId) {
-        if !self.alive(h) {
+        if !self.alive(h) || matches!(h, HostId::Hostile(_)) {
             return;
         }
         let now = self.now;
@@ -1431,6 +1587,7 @@ impl World {
             HostId::Registrar(i) => &mut self.regs[i].armed,
             HostId::PoolElement(j) => &mut self.pes[j].armed,
             HostId::PoolUser(k) => &mut self.pus[k].armed,
+            HostId::Hostile(_) => return,
         };
         if armed.is_none_or(|t| t > now) {
             return;
@@ -1440,6 +1597,7 @@ impl World {
             HostId::Registrar(i) => &mut self.regs[i].same_instant,
             HostId::PoolElement(j) => &mut self.pes[j].same_instant,
             HostId::PoolUser(k) => &mut self.pus[k].same_instant,
+            HostId::Hostile(_) => return,
         };
         if same.0 == now {
             same.1 += 1;
@@ -1499,6 +1657,7 @@ impl World {
                     self.pump_session(k, n);
                 }
             }
+            HostId::Hostile(_) => {}
         }
         self.flush(h);
     }
@@ -1507,7 +1666,6 @@ impl World {
         let now = self.local(to);
         match to {
             HostId::Registrar(i) => {
-                self.heard_enrp(bytes);
                 if let Some(c) = self.regs[i].core.as_mut() {
                     let (reg, enrp) = &mut **c;
                     enrp.message(now, reg, Source::Multicast, bytes);
@@ -1518,7 +1676,7 @@ impl World {
                     c.announce(now, from, bytes);
                 }
             }
-            HostId::PoolUser(_) => {}
+            HostId::PoolUser(_) | HostId::Hostile(_) => {}
         }
         self.flush(to);
     }
@@ -1545,8 +1703,29 @@ impl World {
                 _ => {}
             }
         }
-        if service == Service::Enrp {
-            self.heard_enrp(bytes);
+        // A hostile host's message: what the registrar lists must not change for it.
+        let hostile = self.assocs.get(&id).and_then(|a| {
+            a.ends
+                .iter()
+                .copied()
+                .find(|e| matches!(e, HostId::Hostile(_)))
+        });
+        let before = hostile.map(|_| self.listing(i));
+        let mut id = id;
+        if let (Some(_), Some(Mutation::HostileAsOwner), Ok(AsapMessage::Deregistration(d))) = (
+            hostile,
+            self.cfg.mutation,
+            self.codec.decode::<AsapMessage>(bytes).map(|d| d.message),
+        ) {
+            // The defect: the deregistration arrives as if on the owner's association.
+            if let Some(owner) = self.regs[i]
+                .core
+                .as_ref()
+                .and_then(|c| c.0.handlespace().find(&d.pool_handle, d.pe_id))
+                .and_then(|e| e.association())
+            {
+                id = owner.0;
+            }
         }
         if let Some(c) = self.regs[i].core.as_mut() {
             let (reg, enrp) = &mut **c;
@@ -1562,6 +1741,10 @@ impl World {
             }
         }
         self.flush(HostId::Registrar(i));
+        if let (Some(x), Some(before)) = (hostile, before) {
+            let what = self.describe(service, bytes);
+            self.check_owner_only(i, x, &what, &before);
+        }
     }
 
     fn pe_message(&mut self, j: usize, id: u64, service: Service, bytes: &[u8]) {
@@ -1637,13 +1820,14 @@ impl World {
 
     /// Routes what a host's cores queued, records their reports, and arms its timer.
     fn flush(&mut self, h: HostId) {
-        if !self.alive(h) {
+        if !self.alive(h) || matches!(h, HostId::Hostile(_)) {
             return;
         }
         match h {
             HostId::Registrar(i) => self.flush_registrar(i),
             HostId::PoolElement(j) => self.flush_pe(j),
             HostId::PoolUser(k) => self.flush_pu(k),
+            HostId::Hostile(_) => {}
         }
         let next = match h {
             HostId::Registrar(i) => self.regs[i].core.as_ref().and_then(|c| {
@@ -1672,12 +1856,14 @@ impl World {
                     .flatten()
                     .min()
             }
+            HostId::Hostile(_) => None,
         };
         let next = next.map(|t| self.global_of(h, t));
         let armed = match h {
             HostId::Registrar(i) => &mut self.regs[i].armed,
             HostId::PoolElement(j) => &mut self.pes[j].armed,
             HostId::PoolUser(k) => &mut self.pus[k].armed,
+            HostId::Hostile(_) => return,
         };
         if let Some(t) = next {
             if *armed != Some(t) {
@@ -1696,6 +1882,7 @@ impl World {
         let mut won = Vec::new();
         let mut reported_away = Vec::new();
         let mut probed = Vec::new();
+        let mut granted = Vec::new();
         {
             let Some(c) = self.regs[i].core.as_mut() else {
                 return;
@@ -1735,6 +1922,20 @@ impl World {
                 if let RegistrarEvent::UnreachableProbe { pe_id, .. } = &e {
                     probed.push(*pe_id);
                 }
+                if let RegistrarEvent::ClaimGranted {
+                    pe_id, association, ..
+                } = &e
+                {
+                    granted.push((*pe_id, association.0));
+                }
+                if let RegistrarEvent::Registered {
+                    element,
+                    association,
+                    ..
+                } = &e
+                {
+                    granted.push((element.id, association.0));
+                }
                 if self.trace.is_some() {
                     let line = format!("{h}: {e:?}");
                     if let Some(t) = self.trace.as_mut() {
@@ -1755,6 +1956,9 @@ impl World {
         }
         for (pool, pe) in reported_away {
             self.removed_by_reports(i, &pool, pe);
+        }
+        for (pe, assoc) in granted {
+            self.claim_granted(i, pe, assoc);
         }
         for t in enrp_out {
             match t.destination {
@@ -2031,6 +2235,9 @@ impl World {
                 ..a.clone()
             };
         }
+        if self.cfg.authenticated {
+            rc.access = Some(World::access_rules());
+        }
         let mut reg = Registrar::new(rc, now);
         let mut ec = EnrpConfig::new(profile);
         ec.seed = Some(seed ^ 0xe);
@@ -2045,10 +2252,8 @@ impl World {
             others
         };
         let mut enrp = Enrp::new(ec, &mut reg, now);
-        enrp.set_local_transport(
-            &reg,
-            TransportAddress::sctp(ENRP_PORT, TransportUse::DataOnly, vec![self.regs[i].ip]),
-        );
+        let local = self.transport_of(HostId::Registrar(i), ENRP_PORT, TransportUse::DataOnly);
+        enrp.set_local_transport(&reg, local);
         let r = &mut self.regs[i];
         r.core = Some(Box::new((reg, enrp)));
         r.alive = true;
@@ -2061,14 +2266,15 @@ impl World {
 
     fn start_pe(&mut self, j: usize) {
         let now = self.local(HostId::PoolElement(j));
+        let user = self.transport_of(
+            HostId::PoolElement(j),
+            SESSION_PORT,
+            TransportUse::DataPlusControl,
+        );
         let p = &self.pes[j];
         let mut pc = PoolElementConfig::new(
             p.pool.clone(),
-            UserTransport::Address(TransportAddress::sctp(
-                7000,
-                TransportUse::DataPlusControl,
-                vec![p.ip],
-            )),
+            UserTransport::Address(user),
             PoolPolicy::RoundRobin,
         );
         pc.pe_id = Some(p.id);
@@ -2123,7 +2329,7 @@ impl World {
                 self.pes[j].left = false;
                 self.start_pe(j);
             }
-            HostId::PoolUser(_) => {}
+            HostId::PoolUser(_) | HostId::Hostile(_) => {}
         }
     }
 
@@ -2166,7 +2372,7 @@ impl World {
                 }
                 p.left = false;
             }
-            HostId::PoolUser(_) => {}
+            HostId::PoolUser(_) | HostId::Hostile(_) => {}
         }
         self.host_gone(h, process_only);
         let back = self.uniform(Duration::from_secs(1), Duration::from_secs(60));
@@ -2200,6 +2406,9 @@ impl World {
         if f.pauses && !pausable.is_empty() {
             kinds.push(3);
         }
+        if self.path_cut_possible() {
+            kinds.push(4);
+        }
         if !kinds.is_empty() {
             match kinds[self.rng.random_range(0..kinds.len())] {
                 0 => {
@@ -2216,6 +2425,7 @@ impl World {
                     self.crash(HostId::PoolElement(j));
                 }
                 2 => self.partition(),
+                4 => self.cut_path(),
                 _ => {
                     let h = pausable[self.rng.random_range(0..pausable.len())];
                     self.pause(h);
@@ -2235,6 +2445,7 @@ impl World {
         self.note(|| format!("PAUSE {h} for {:.3} s", d.as_secs_f64()));
         self.hash(10, 0, &[]);
         self.schedule(until, Ev::Resume(h));
+        self.paused_tcp(h);
     }
 
     fn partition(&mut self) {
@@ -2280,10 +2491,9 @@ impl World {
         let ids: Vec<u64> = self.assocs.keys().copied().collect();
         for id in ids {
             let a = &self.assocs[&id];
-            if a.state == AssocState::Up && self.cut(a.ends[0], a.ends[1]) && a.cut_since.is_none()
-            {
+            if a.state == AssocState::Up && a.cut_since.is_none() && !self.reachable(id) {
                 self.assocs.get_mut(&id).expect("present").cut_since = Some(now);
-                let t = now + self.cfg.link.association_timeout;
+                let t = now + self.assoc_timeout(id);
                 self.schedule(t, Ev::CheckCut(id));
             }
         }
@@ -2308,6 +2518,10 @@ impl World {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
+            if !self.cut_ips.is_empty() && !self.reachable(id) {
+                // Still cut off by a failed address.
+                continue;
+            }
             let a = self.assocs.get_mut(&id).expect("present");
             a.cut_since = None;
             if a.state != AssocState::Up {
@@ -2383,6 +2597,7 @@ impl World {
         self.chaos = false;
         self.note(|| "END OF CHAOS: heal, restart everything".to_string());
         self.heal();
+        self.heal_all_paths();
         self.paused.clear();
         for i in 0..self.regs.len() {
             if !self.regs[i].alive {
@@ -2414,15 +2629,6 @@ impl World {
         }
     }
 
-    /// Notes that the registrar named as sender of an ENRP message (RFC 5353 §2: every ENRP
-    /// message begins with the sender's server ID) has been heard.
-    fn heard_enrp(&mut self, bytes: &[u8]) {
-        if let Some(id) = bytes.get(4..8) {
-            let id = RegistrarId(u32::from_be_bytes([id[0], id[1], id[2], id[3]]));
-            self.enrp_heard.insert(id, self.now);
-        }
-    }
-
     fn takeover_won(&mut self, winner: usize, target: RegistrarId) {
         let by = self.regs[winner].id;
         self.stats.takeovers += 1;
@@ -2447,7 +2653,7 @@ impl World {
             _ => false,
         });
         let exempt =
-            self.partition_active || self.now < self.settle_until || was_paused || just_restarted;
+            self.cut_somewhere() || self.now < self.settle_until || was_paused || just_restarted;
         // The incarnation of the target as it is now (a dead registrar keeps the number it
         // died with until it restarts).
         let inc = self
@@ -2473,22 +2679,19 @@ impl World {
                 return;
             }
         }
-        // One episode of suspicion: a target that spoke ENRP again after a takeover of it was
-        // alive (the lossy-network case above), so a later takeover of it is another episode
-        // with its own single winner (RFC 5353 §3.9 arbitrates concurrent takeovers only).
-        let heard = self.enrp_heard.get(&target).copied();
+        // One death is taken over once: two winners within the settle window of each other
+        // fought over the same takeover. (A live registrar that looks dead twice on a lossy
+        // network, minutes apart, is taken over twice: two events, not two winners of one.)
         let now = self.now;
-        let (since, set) = self
-            .winners
-            .entry((target, inc))
-            .or_insert_with(|| (now, BTreeSet::new()));
-        if heard.is_some_and(|t| t > *since) {
-            *since = now;
-            set.clear();
-        }
-        set.insert(by);
-        if set.len() > 1 {
-            let msg = format!("takeover of {target:?} won by {:?}", set);
+        let set = self.winners.entry((target, inc)).or_default();
+        set.insert(by, now);
+        let rivals: Vec<RegistrarId> = set
+            .iter()
+            .filter(|(r, t)| **r != by && now < **t + PARTITION_SETTLE)
+            .map(|(r, _)| *r)
+            .collect();
+        if !rivals.is_empty() {
+            let msg = format!("takeover of {target:?} won by {by:?} and, within {PARTITION_SETTLE:?}, by {rivals:?}");
             self.fail("takeover_unique", msg);
         }
     }
@@ -2508,10 +2711,14 @@ impl World {
         if listed {
             return;
         }
+        if self.stranger_held.remove(&(registrar, pe_id)) {
+            // The registration removed was a hostile host's (`owner_only` judged its grant).
+            return;
+        }
         let Some(&j) = self.pe_by_id.get(&pe_id) else {
             return;
         };
-        let disturbed = self.partition_active
+        let disturbed = self.cut_somewhere()
             || self.now < self.settle_until
             || (self.chaos && self.cfg.link.loss > 0.0)
             || self.paused_recently.values().any(|&t| self.now < t);
@@ -2565,6 +2772,7 @@ impl World {
         if let Some(msg) = self.unbacked_listing(now, grace) {
             self.fail("listed_is_backed", msg);
         }
+        self.check_listed_addresses();
     }
 
     fn unbacked_listing(&self, now: Duration, grace: Duration) -> Option<String> {

@@ -17,7 +17,7 @@ use std::process::Command;
 const SEEDS: &[u64] = &[0, 3, 11];
 
 fn captured(seed: u64, limit: u64) -> Outcome {
-    let mut cfg = SimConfig::from_seed(seed);
+    let mut cfg = SimConfig::from_seed(seed).without_net_modes();
     cfg.trace = true;
     cfg.pcap_limit = Some(limit);
     let o = run(cfg);
@@ -72,7 +72,7 @@ fn pcap_holds_what_the_trace_delivered() {
         // Timestamps are virtual time, never going back.
         assert!(messages.windows(2).all(|w| w[0].time <= w[1].time));
         // Capturing changes nothing in the run.
-        let mut plain = SimConfig::from_seed(seed);
+        let mut plain = SimConfig::from_seed(seed).without_net_modes();
         plain.trace = true;
         assert_eq!(run(plain).trace_hash, o.trace_hash, "seed {seed}");
     }
@@ -242,5 +242,74 @@ fn tshark_reads_it_without_complaint() {
     std::fs::write(&path, &file).expect("write");
     let complaints = tshark_complaints(&tshark, &path);
     assert_eq!(complaints.lines().count(), 1, "{complaints}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A run with the TCP mapping on half of the hosts (seed 3; no other network mode).
+fn captured_tcp(seed: u64) -> Outcome {
+    let mut cfg = SimConfig::from_seed(seed).without_net_modes();
+    cfg.transports = rserpool_sim::Transports::PerHost;
+    cfg.tcp_share = 0.5;
+    cfg.trace = true;
+    cfg.pcap_limit = Some(u64::MAX);
+    let o = run(cfg);
+    assert!(o.failure.is_none(), "{}", o.failure.unwrap());
+    o
+}
+
+/// TCP-mapped associations are written as TCP segments holding the mapping's frames: the file
+/// still holds exactly the ASAP and ENRP messages the trace delivered, in order, some over TCP
+/// and some over SCTP, and tshark flags nothing in the IP and TCP layers (checksums, sequence
+/// numbers, handshakes). tshark has no dissector for the mapping's frames (its ASAP dissector
+/// would take port 3863's frames for plain ASAP, and port 7000 for Gryphon), so those ports are
+/// decoded as data; `rserpool decode` (`read_pcap`) reads the frames.
+#[test]
+fn tcp_mapped_associations_are_tcp_segments() {
+    let codec = Codec::new(RegistrarConfig::new(Profile::Rsplib).codec);
+    let o = captured_tcp(3);
+    let file = o.pcap.as_ref().expect("a pcap was asked for");
+    let messages = read_pcap(file).expect("readable");
+    let names: Vec<String> = messages.iter().map(|m| name(&codec, m)).collect();
+    assert_eq!(names, delivered_in_trace(&o));
+    let tcp = |p: Protocol| {
+        messages
+            .iter()
+            .filter(|m| m.protocol == p && m.transport == CapturedTransport::Tcp)
+            .count()
+    };
+    assert!(tcp(Protocol::Asap) > 0 && tcp(Protocol::Enrp) > 0);
+    assert!(messages
+        .iter()
+        .any(|m| matches!(m.transport, CapturedTransport::Sctp { .. })));
+    let Some(tshark) = tshark() else { return };
+    let dir = std::env::temp_dir().join(format!("rserpool-sim-tcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("seed-3-tcp.pcap");
+    std::fs::write(&path, file).expect("write");
+    let out = Command::new(&tshark)
+        .args(["-n", "-r"])
+        .arg(&path)
+        .args([
+            "-o",
+            "sctp.checksum:CRC-32c",
+            "-o",
+            "ip.check_checksum:TRUE",
+            "-o",
+            "tcp.check_checksum:TRUE",
+            "-d",
+            "tcp.port==7000,data",
+            "-d",
+            "tcp.port==3863,data",
+            "-d",
+            "tcp.port==9901,data",
+            "-Y",
+            "_ws.malformed || _ws.expert.severity >= warning || ip.checksum.status != 1 \
+             || (tcp && tcp.checksum.status != 1)",
+        ])
+        .output()
+        .expect("tshark runs");
+    assert!(out.status.success());
+    let complaints = String::from_utf8_lossy(&out.stdout);
+    assert!(complaints.is_empty(), "tshark flags:\n{complaints}");
     std::fs::remove_dir_all(&dir).ok();
 }

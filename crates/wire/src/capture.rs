@@ -3,8 +3,9 @@
 //!
 //! Understands Ethernet, Linux cooked (SLL), raw IP and BSD loopback link types; IPv4 and IPv6;
 //! SCTP DATA chunks (PPID 11 or 12, else the well-known ports; fragmented messages reassembled per
-//! stream), UDP on the ASAP or ENRP port, and TCP segments on those ports (one segment holding
-//! whole messages, as Wireshark assumes). Never panics on a damaged file: it stops with an error
+//! stream), UDP on the ASAP or ENRP port, TCP segments on those ports (one segment holding
+//! whole messages, as Wireshark assumes), and segments of rserpool's TCP mapping (frames
+//! marked 0xE1, `docs/tcp-mapping.md`; the message's protocol by the frame's PPID). Never panics on a damaged file: it stops with an error
 //! naming the frame.
 
 use crate::types::Protocol;
@@ -244,14 +245,18 @@ fn dissect_ip(ip: &[u8], fragments: &mut HashMap<StreamKey, Vec<u8>>, found: &mu
             }
         }
         6 => {
-            let Some(p) = protocol_by_port(sport, dport) else {
-                return;
-            };
             let off = payload
                 .get(12)
                 .map(|b| usize::from(b >> 4) * 4)
                 .unwrap_or(0);
             let Some(mut body) = payload.get(off.max(20)..) else {
+                return;
+            };
+            if body.first() == Some(&TCP_MAPPING_MARKER) {
+                dissect_tcp_mapping(body, source, destination, found);
+                return;
+            }
+            let Some(p) = protocol_by_port(sport, dport) else {
                 return;
             };
             while let Some(len) = crate::Codec::frame_length(body) {
@@ -267,6 +272,44 @@ fn dissect_ip(ip: &[u8], fragments: &mut HashMap<StreamKey, Vec<u8>>, found: &mu
             }
         }
         _ => {}
+    }
+}
+
+/// First byte of every frame of rserpool's TCP mapping (`docs/tcp-mapping.md`).
+const TCP_MAPPING_MARKER: u8 = 0xE1;
+
+/// Frames of rserpool's TCP mapping in one segment (12-byte header: marker, type, stream,
+/// PPID, length; DATA is type 0): each DATA frame's payload is one message, ASAP or ENRP by
+/// its PPID (else by the well-known ports); keep-alives are skipped.
+fn dissect_tcp_mapping(
+    mut body: &[u8],
+    source: SocketAddr,
+    destination: SocketAddr,
+    found: &mut Found<'_>,
+) {
+    while let (Some(&TCP_MAPPING_MARKER), Some(&frame_type), Some(ppid), Some(len)) =
+        (body.first(), body.get(1), be32(body, 4), be32(body, 8))
+    {
+        let Some(payload) = usize::try_from(len)
+            .ok()
+            .and_then(|len| body.get(12..12usize.checked_add(len)?))
+        else {
+            return;
+        };
+        if frame_type == 0 {
+            if let Some(p) = Protocol::from_ppid(ppid)
+                .or_else(|| protocol_by_port(source.port(), destination.port()))
+            {
+                found(
+                    p,
+                    CapturedTransport::Tcp,
+                    source,
+                    destination,
+                    payload.to_vec(),
+                );
+            }
+        }
+        body = &body[12 + payload.len()..];
     }
 }
 

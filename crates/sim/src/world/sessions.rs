@@ -34,6 +34,8 @@ pub(super) struct CookieOrigin {
     seal: SealKind,
     pu: Option<usize>,
     calcapp: bool,
+    /// The pool user's identity the cookie is bound to (see [`World::binding_identity`]).
+    identity: Option<Vec<u8>>,
     /// The issuing PE's wall clock at issue, Unix seconds.
     issued_secs: u64,
 }
@@ -245,7 +247,7 @@ impl World {
                 changed = Some(frame(11, &b));
             }
         }
-        let verdict = self.verdict_on(j, k, &echo.cookie);
+        let verdict = self.verdict_on(j, k, id, &echo.cookie);
         self.verdicts.insert(id, verdict);
         changed
     }
@@ -253,7 +255,7 @@ impl World {
     /// Whether PE j must accept `cookie` echoed by PU k, and why: it was issued, unaltered, by
     /// a PE sealing as PE j does, for the same service, to the same pool user (when signed),
     /// and has not expired on PE j's clock.
-    fn verdict_on(&self, j: usize, k: Option<usize>, cookie: &[u8]) -> (bool, String) {
+    fn verdict_on(&self, j: usize, k: Option<usize>, id: u64, cookie: &[u8]) -> (bool, String) {
         let seal = self.seal_of(j);
         let calcapp = self.is_calcapp_pool(&self.pes[j].pool);
         let now = Now::from_monotonic(self.local(HostId::PoolElement(j)))
@@ -274,6 +276,16 @@ impl World {
             Some(o) if o.pu != k => (
                 false,
                 format!("issued by PE{} to PU{:?}, echoed by PU{k:?}", o.pe, o.pu),
+            ),
+            Some(o) if o.identity != self.binding_identity(id, HostId::PoolElement(j)) => (
+                false,
+                format!(
+                    "issued by PE{} bound to the pool user's address {:?}, echoed from {:?} \
+                     (a TCP-mapped pool user that moved to its other address)",
+                    o.pe,
+                    o.identity,
+                    self.binding_identity(id, HostId::PoolElement(j))
+                ),
             ),
             Some(o) if now >= o.issued_secs + lifetime + SEAL_CLOCK_SKEW => (
                 false,
@@ -503,6 +515,7 @@ impl World {
             seal: self.seal_of(j),
             pu: self.pu_of_session(session),
             calcapp: self.is_calcapp_pool(&self.pes[j].pool),
+            identity: self.binding_identity(session, HostId::PoolElement(j)),
             issued_secs: Now::from_monotonic(self.local(HostId::PoolElement(j)))
                 .unix
                 .as_secs(),
@@ -1138,5 +1151,25 @@ impl World {
         }
         self.schedule(now + Duration::from_secs(1), Ev::SessionAudit);
         self.request_failovers();
+    }
+}
+
+impl World {
+    /// The identity PE `pe` binds the pool user's cookies to on session association `id`, as
+    /// the PE's driver computes it: the smallest of the pool user's addresses — every address
+    /// of a multi-homed SCTP peer (so the same whichever path came up), the one address a TCP
+    /// connection came from. `None` when the association is gone.
+    pub(super) fn binding_identity(&self, id: u64, pe: HostId) -> Option<Vec<u8>> {
+        let a = self.assocs.get(&id)?;
+        let side = usize::from(a.ends[0] == pe);
+        let ips = if a.tcp {
+            vec![a.addrs[side].ip()]
+        } else {
+            self.host_ips(a.ends[side])
+        };
+        Some(match ips.into_iter().min()? {
+            IpAddr::V4(ip) => ip.octets().to_vec(),
+            IpAddr::V6(ip) => ip.octets().to_vec(),
+        })
     }
 }
