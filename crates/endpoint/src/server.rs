@@ -327,7 +327,14 @@ impl SessionServer {
                     // service's outputs are drained after this), so that it can tell a refused
                     // cookie from a failed PE.
                     self.stats.cookie_echoes_refused += 1;
-                    self.send_error(session, ErrorCause::new(refusal_cause(e)));
+                    let code = refusal_cause(e);
+                    // RFC 5354 §2.2.10: Invalid Values quotes the offending parameter, here
+                    // the echoed cookie's TLV (all of the message after its header).
+                    let info = match code {
+                        CauseCode::InvalidValues => data.get(4..).unwrap_or_default().to_vec(),
+                        _ => Vec::new(),
+                    };
+                    self.send_error(session, ErrorCause { code, info });
                 }
                 let result = result.map_err(|e| e.to_string());
                 self.events.push_back(ServerEvent::CookieEcho {

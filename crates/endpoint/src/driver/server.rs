@@ -107,9 +107,15 @@ impl PoolElementServer {
                     ev = ep.next_event() => match ev {
                         Some(Event::AssociationUp { id, peer_addrs, .. }) => {
                             tracing::debug!(session = %id, peer = ?peer_addrs, "session from a pool user");
-                            // The pool user's identity for bound cookies: its first address
-                            // without the port (it survives a failover to another PE).
-                            let identity = peer_addrs.first().map(|a| a.ip().to_string().into_bytes());
+                            // The pool user's identity for bound cookies: the smallest of its
+                            // addresses without the port. It survives a failover to another PE,
+                            // and a multi-homed SCTP peer lists every address whichever path
+                            // came up first, so the smallest is the same on each association.
+                            let identity = peer_addrs
+                                .iter()
+                                .map(|a| a.ip())
+                                .min()
+                                .map(|ip| ip.to_string().into_bytes());
                             core.accept(now(), id.0, identity);
                         }
                         Some(Event::Message { id, ppid, stream, data }) => {
