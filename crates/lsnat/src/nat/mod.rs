@@ -463,6 +463,8 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         }
     };
     let mut buf = Vec::with_capacity(1 << 16);
+    // The events decoded since the last batch was applied (reused: no allocation per wake-up).
+    let mut decoded = Vec::with_capacity(1024);
 
     let mut stats = Stats::default();
     let mut tracked: HashMap<FlowKey, Tracked> = HashMap::new();
@@ -562,22 +564,13 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                         continue;
                     }
                 };
-                let mut evs = Vec::new();
-                let mut bad = 0;
                 let mut lost = false;
                 let mut failed = None;
                 for _ in 0..256 {
                     match guard.try_io(|a| a.get_ref().try_recv(&mut buf)) {
                         // Drained: readiness is cleared, the next datagram wakes the task.
                         Err(_would_block) => break,
-                        Ok(Ok(_)) => {
-                            for r in conntrack::parse_datagram(&buf) {
-                                match r {
-                                    Ok(e) => evs.push(e),
-                                    Err(_) => bad += 1,
-                                }
-                            }
-                        }
+                        Ok(Ok(_)) => conntrack::parse_datagram_into(&buf, &mut decoded),
                         Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => lost = true,
                         Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Ok(Err(e)) => {
@@ -587,12 +580,16 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                     }
                 }
                 drop(guard);
-                stats.malformed += bad;
-                if !evs.is_empty() {
+                if !decoded.is_empty() {
                     shared.with(|core, now| {
-                        for e in evs {
-                            stats.events += 1;
-                            handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                        for r in decoded.drain(..) {
+                            match r {
+                                Ok(e) => {
+                                    stats.events += 1;
+                                    handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                                }
+                                Err(_) => stats.malformed += 1,
+                            }
                         }
                     });
                 }
