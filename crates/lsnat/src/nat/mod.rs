@@ -17,6 +17,7 @@
 //! reset is recorded without the side that sent it.
 
 pub mod conntrack;
+pub mod filter;
 pub mod plan;
 
 use crate::config::{Config, NatConfig};
@@ -29,6 +30,7 @@ use conntrack::{tcp_state, CtEvent, CtKind};
 use plan::{Family, MemberView, NatListener, Program, TableSettings};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -211,6 +213,21 @@ pub fn prepare(config: &Config) -> Result<Prepared, String> {
         remove_all(&planes);
         format!("cannot subscribe to conntrack events over netlink: {e}")
     })?;
+    if config.nat.event_filter {
+        let addresses: Vec<SocketAddr> = config.listeners.iter().map(|l| l.address).collect();
+        match filter::program(&addresses) {
+            Some(p) => match filter::attach(subscription.as_raw_fd(), &p) {
+                Ok(()) => tracing::debug!(
+                    instructions = p.len(),
+                    "conntrack events filtered in the kernel: only connections to the listeners reach the gateway"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot filter conntrack events in the kernel; every connection's events will be read and discarded here"),
+            },
+            None => tracing::warn!(
+                "too many listeners for the kernel's event filter; every connection's events will be read and discarded here"
+            ),
+        }
+    }
     if config.nat.conntrack_accounting {
         const ACCT: &str = "/proc/sys/net/netfilter/nf_conntrack_acct";
         match std::fs::read_to_string(ACCT) {
