@@ -375,19 +375,46 @@ mod tests {
             "[fd00:231:1::2]:8080".parse().unwrap(),
         ])
         .unwrap();
-        assert!(passes(&prog, &event("10.0.9.9", 40000, "10.0.1.2", 8080, false)));
+        assert!(passes(
+            &prog,
+            &event("10.0.9.9", 40000, "10.0.1.2", 8080, false)
+        ));
         assert!(passes(&prog, &event("10.0.9.9", 1, "10.0.1.3", 53, false)));
-        assert!(passes(&prog, &event("fd00::9", 40000, "fd00:231:1::2", 8080, true)));
+        assert!(passes(
+            &prog,
+            &event("fd00::9", 40000, "fd00:231:1::2", 8080, true)
+        ));
         // Another address, another port, the reply direction of a listener's address.
-        assert!(!passes(&prog, &event("10.0.9.9", 40000, "10.0.1.4", 8080, false)));
-        assert!(!passes(&prog, &event("10.0.9.9", 40000, "10.0.1.2", 8081, false)));
-        assert!(!passes(&prog, &event("10.0.1.2", 8080, "10.0.9.9", 40000, false)));
-        assert!(!passes(&prog, &event("fd00::9", 40000, "fd00:231:1::3", 8080, true)));
-        assert!(!passes(&prog, &event("fd00::9", 40000, "fd00:231:2::2", 8080, true)));
+        assert!(!passes(
+            &prog,
+            &event("10.0.9.9", 40000, "10.0.1.4", 8080, false)
+        ));
+        assert!(!passes(
+            &prog,
+            &event("10.0.9.9", 40000, "10.0.1.2", 8081, false)
+        ));
+        assert!(!passes(
+            &prog,
+            &event("10.0.1.2", 8080, "10.0.9.9", 40000, false)
+        ));
+        assert!(!passes(
+            &prog,
+            &event("fd00::9", 40000, "fd00:231:1::3", 8080, true)
+        ));
+        assert!(!passes(
+            &prog,
+            &event("fd00::9", 40000, "fd00:231:2::2", 8080, true)
+        ));
         // An IPv4 virtual address is not an IPv6 one.
         let v4_only = program(&["10.0.1.2:8080".parse().unwrap()]).unwrap();
-        assert!(!passes(&v4_only, &event("fd00::9", 1, "fd00:231:1::2", 8080, true)));
-        assert!(passes(&v4_only, &event("10.0.9.9", 1, "10.0.1.2", 8080, false)));
+        assert!(!passes(
+            &v4_only,
+            &event("fd00::9", 1, "fd00:231:1::2", 8080, true)
+        ));
+        assert!(passes(
+            &v4_only,
+            &event("10.0.9.9", 1, "10.0.1.2", 8080, false)
+        ));
         // Coarse by design: a listener's address with another listener's port passes (the
         // event loop checks the pair exactly).
         assert!(passes(&prog, &event("10.0.9.9", 1, "10.0.1.2", 53, false)));
@@ -423,8 +450,14 @@ mod tests {
             };
             assert!(i + 1 + reach < prog.len(), "instruction {i} jumps out");
         }
-        assert!(passes(&prog, &event("10.0.9.9", 1, "10.1.0.199", 1199, false)));
-        assert!(!passes(&prog, &event("10.0.9.9", 1, "10.1.0.200", 1199, false)));
+        assert!(passes(
+            &prog,
+            &event("10.0.9.9", 1, "10.1.0.199", 1199, false)
+        ));
+        assert!(!passes(
+            &prog,
+            &event("10.0.9.9", 1, "10.1.0.200", 1199, false)
+        ));
         let too_many: Vec<SocketAddr> = (0..300u16)
             .map(|i| format!("[fd00::{i:x}]:80").parse().unwrap())
             .collect();

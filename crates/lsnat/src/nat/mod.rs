@@ -479,7 +479,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
             None
         }
     };
-    let mut buf = Vec::with_capacity(1 << 16);
+    let mut batch = conntrack::RecvBatch::new(8192);
     // The events decoded since the last batch was applied (reused: no allocation per wake-up).
     let mut decoded = Vec::with_capacity(1024);
 
@@ -583,11 +583,17 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                 };
                 let mut lost = false;
                 let mut failed = None;
-                for _ in 0..256 {
-                    match guard.try_io(|a| a.get_ref().try_recv(&mut buf)) {
+                // Up to four batches (256 datagrams) per wake-up, so that the timer and the
+                // stop signal are not starved under a flood.
+                for _ in 0..4 {
+                    match guard.try_io(|a| a.get_ref().try_recv_batch(&mut batch)) {
                         // Drained: readiness is cleared, the next datagram wakes the task.
                         Err(_would_block) => break,
-                        Ok(Ok(_)) => conntrack::parse_datagram_into(&buf, &mut decoded),
+                        Ok(Ok(_)) => {
+                            for d in batch.datagrams() {
+                                conntrack::parse_datagram_into(d, &mut decoded);
+                            }
+                        }
                         Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => lost = true,
                         Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Ok(Err(e)) => {
