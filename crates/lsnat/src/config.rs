@@ -181,10 +181,6 @@ pub struct NatConfig {
     /// Filter the conntrack event socket in the kernel (a BPF program) so that only events
     /// of connections to the listeners reach the gateway.
     pub event_filter: bool,
-    /// How long events may gather after the first one wakes the gateway, before they are read
-    /// and applied as one batch (0: at once). Fewer wake-ups per event under load, at the
-    /// price of receipts this much later.
-    pub event_delay: Duration,
     /// Path of the `nft` binary.
     pub nft: String,
 }
@@ -202,7 +198,6 @@ impl Default for NatConfig {
             events: crate::nat::plan::NatEvents::Answer,
             conntrack_accounting: true,
             event_filter: true,
-            event_delay: Duration::from_millis(2),
             nft: "nft".into(),
         }
     }
@@ -263,7 +258,6 @@ struct RawNat {
     events: Option<String>,
     conntrack_accounting: Option<bool>,
     event_filter: Option<bool>,
-    event_delay: Option<toml::Value>,
     nft: Option<String>,
 }
 
@@ -590,10 +584,6 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         event_buffer as i64,
         1 << 30,
     )?;
-    let event_delay = c.duration("nat.event-delay", &r.event_delay, d.event_delay)?;
-    if event_delay > Duration::from_millis(100) {
-        return Err(c.err("nat.event-delay", "must be at most 100ms"));
-    }
     use crate::nat::plan::NatEvents;
     let events = match r.events.as_deref() {
         None => d.events,
@@ -618,7 +608,6 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         events,
         conntrack_accounting: r.conntrack_accounting.unwrap_or(d.conntrack_accounting),
         event_filter: r.event_filter.unwrap_or(d.event_filter),
-        event_delay,
         nft: r.nft.clone().unwrap_or(d.nft),
     })
 }

@@ -276,18 +276,6 @@ fn which_conntrack_events_and_how_large_a_buffer() {
     )
     .unwrap();
     assert_eq!(c.nat.event_buffer_max, 4 << 20);
-    // Events gather 2 ms before a batch is read; 0 reads at once; more than 100 ms is refused.
-    assert_eq!(
-        load("", "").unwrap().nat.event_delay,
-        std::time::Duration::from_millis(2)
-    );
-    assert!(load("", "[nat]\nevent-delay = \"0s\"\n")
-        .unwrap()
-        .nat
-        .event_delay
-        .is_zero());
-    let e = load("", "[nat]\nevent-delay = \"1s\"\n").unwrap_err();
-    assert_eq!(field_of(e), "nat.event-delay");
     // The kernel-side event filter is on unless turned off.
     assert!(load("", "").unwrap().nat.event_filter);
     assert!(

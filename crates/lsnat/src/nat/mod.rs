@@ -480,9 +480,6 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         }
     };
     let mut batch = conntrack::RecvBatch::new(8192);
-    let event_delay = shared.config.nat.event_delay;
-    // The last read stopped with datagrams still waiting.
-    let mut backlog = false;
     // The events decoded since the last batch was applied (reused: no allocation per wake-up).
     let mut decoded = Vec::with_capacity(1024);
 
@@ -584,12 +581,6 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                         continue;
                     }
                 };
-                // Let the events of the next moment gather (nat.event-delay), unless the last
-                // read left a backlog: one wake-up then reads many events instead of a few.
-                if !event_delay.is_zero() && !backlog {
-                    tokio::time::sleep(event_delay).await;
-                }
-                backlog = true;
                 let mut lost = false;
                 let mut failed = None;
                 // Up to four batches (256 datagrams) per wake-up, so that the timer and the
@@ -597,10 +588,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                 for _ in 0..4 {
                     match guard.try_io(|a| a.get_ref().try_recv_batch(&mut batch)) {
                         // Drained: readiness is cleared, the next datagram wakes the task.
-                        Err(_would_block) => {
-                            backlog = false;
-                            break;
-                        }
+                        Err(_would_block) => break,
                         Ok(Ok(_)) => {
                             for d in batch.datagrams() {
                                 conntrack::parse_datagram_into(d, &mut decoded);
