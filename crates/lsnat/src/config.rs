@@ -178,6 +178,9 @@ pub struct NatConfig {
     /// Turn on conntrack accounting (`net.netfilter.nf_conntrack_acct`) so that DESTROY
     /// events carry byte counters.
     pub conntrack_accounting: bool,
+    /// Filter the conntrack event socket in the kernel (a BPF program) so that only events
+    /// of connections to the listeners reach the gateway.
+    pub event_filter: bool,
     /// Path of the `nft` binary.
     pub nft: String,
 }
@@ -194,6 +197,7 @@ impl Default for NatConfig {
             event_buffer_max: 256 << 20,
             events: crate::nat::plan::NatEvents::Answer,
             conntrack_accounting: true,
+            event_filter: true,
             nft: "nft".into(),
         }
     }
@@ -253,6 +257,7 @@ struct RawNat {
     event_buffer_max: Option<i64>,
     events: Option<String>,
     conntrack_accounting: Option<bool>,
+    event_filter: Option<bool>,
     nft: Option<String>,
 }
 
@@ -602,6 +607,7 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         event_buffer_max,
         events,
         conntrack_accounting: r.conntrack_accounting.unwrap_or(d.conntrack_accounting),
+        event_filter: r.event_filter.unwrap_or(d.event_filter),
         nft: r.nft.clone().unwrap_or(d.nft),
     })
 }

@@ -343,6 +343,35 @@ fn tcp_idle_timers_follow_the_session_state() {
 }
 
 #[test]
+fn ended_sessions_leave_no_timer_behind_and_live_timers_still_fire() {
+    // Sessions that end before their idle timer (every short connection; in NAT mode all of
+    // them, since conntrack owns the timers) must not accumulate in the timer heap.
+    let mut cfg = CoreConfig::default();
+    cfg.timers.tcp_established = Duration::from_secs(100);
+    cfg.timers.tcp_transitory = Duration::from_secs(10);
+    let mut g = gateway(cfg, vec![member(1), member(2)]);
+    let (kept, _) = open(&mut g, t(0), flow(1));
+    for i in 0..50_000u32 {
+        let f = flow_from([192, 0, 2, (i / 60_000) as u8 + 2], (i % 60_000) as u16 + 1);
+        let (id, _) = open(&mut g, t(1), f);
+        g.half_closed(t(1), id, Side::Client);
+        g.closed(t(1), id, Outcome::Closed);
+    }
+    assert!(
+        g.deadline_entries() <= 2 + 1024 + 1, // twice the live sessions, plus the slack
+        "{} timer entries for one live session",
+        g.deadline_entries()
+    );
+    // The live session's timer survived the compactions.
+    g.poll(t(99_000));
+    assert!(g.session_state(kept).is_some());
+    g.poll(t(100_001));
+    assert_eq!(g.session_state(kept), None);
+    assert_eq!(g.outcome_count("idle_timeout"), 1);
+    assert_eq!(g.outcome_count("closed"), 50_000);
+}
+
+#[test]
 fn udp_flow_times_out_after_its_idle_timer() {
     let mut cfg = CoreConfig::default();
     cfg.timers.udp = Duration::from_secs(5);

@@ -276,4 +276,12 @@ fn which_conntrack_events_and_how_large_a_buffer() {
     )
     .unwrap();
     assert_eq!(c.nat.event_buffer_max, 4 << 20);
+    // The kernel-side event filter is on unless turned off.
+    assert!(load("", "").unwrap().nat.event_filter);
+    assert!(
+        !load("", "[nat]\nevent-filter = false\n")
+            .unwrap()
+            .nat
+            .event_filter
+    );
 }

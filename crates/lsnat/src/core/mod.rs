@@ -1227,7 +1227,27 @@ impl Gateway {
             if let Some(s) = self.sessions.get_mut(&id) {
                 s.queued = Some(d);
             }
+            self.compact_deadlines();
         }
+    }
+
+    /// Drops the deadlines of sessions that ended or were rescheduled earlier, once they
+    /// outnumber the live ones: an ended session's entry would otherwise stay until its
+    /// deadline passes (minutes in proxy mode; in NAT mode, where conntrack owns the timers,
+    /// never), and the heap would grow with the connection rate. Amortised O(1) per push.
+    fn compact_deadlines(&mut self) {
+        if self.deadlines.len() <= 2 * self.sessions.len() + 1024 {
+            return;
+        }
+        let sessions = &self.sessions;
+        self.deadlines
+            .retain(|Reverse((d, id))| sessions.get(id).is_some_and(|s| s.queued == Some(*d)));
+    }
+
+    /// Timer entries held now (live and stale), for tests of the heap's bound.
+    #[doc(hidden)]
+    pub fn deadline_entries(&self) -> usize {
+        self.deadlines.len()
     }
 
     /// Runs the timers due at `now`: idle timeouts (queued as close actions), response

@@ -17,6 +17,7 @@
 //! reset is recorded without the side that sent it.
 
 pub mod conntrack;
+pub mod filter;
 pub mod plan;
 
 use crate::config::{Config, NatConfig};
@@ -29,6 +30,7 @@ use conntrack::{tcp_state, CtEvent, CtKind};
 use plan::{Family, MemberView, NatListener, Program, TableSettings};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -211,6 +213,21 @@ pub fn prepare(config: &Config) -> Result<Prepared, String> {
         remove_all(&planes);
         format!("cannot subscribe to conntrack events over netlink: {e}")
     })?;
+    if config.nat.event_filter {
+        let addresses: Vec<SocketAddr> = config.listeners.iter().map(|l| l.address).collect();
+        match filter::program(&addresses) {
+            Some(p) => match filter::attach(subscription.as_raw_fd(), &p) {
+                Ok(()) => tracing::debug!(
+                    instructions = p.len(),
+                    "conntrack events filtered in the kernel: only connections to the listeners reach the gateway"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot filter conntrack events in the kernel; every connection's events will be read and discarded here"),
+            },
+            None => tracing::warn!(
+                "too many listeners for the kernel's event filter; every connection's events will be read and discarded here"
+            ),
+        }
+    }
     if config.nat.conntrack_accounting {
         const ACCT: &str = "/proc/sys/net/netfilter/nf_conntrack_acct";
         match std::fs::read_to_string(ACCT) {
@@ -462,7 +479,9 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
             None
         }
     };
-    let mut buf = Vec::with_capacity(1 << 16);
+    let mut batch = conntrack::RecvBatch::new(8192);
+    // The events decoded since the last batch was applied (reused: no allocation per wake-up).
+    let mut decoded = Vec::with_capacity(1024);
 
     let mut stats = Stats::default();
     let mut tracked: HashMap<FlowKey, Tracked> = HashMap::new();
@@ -562,20 +581,17 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                         continue;
                     }
                 };
-                let mut evs = Vec::new();
-                let mut bad = 0;
                 let mut lost = false;
                 let mut failed = None;
-                for _ in 0..256 {
-                    match guard.try_io(|a| a.get_ref().try_recv(&mut buf)) {
+                // Up to four batches (256 datagrams) per wake-up, so that the timer and the
+                // stop signal are not starved under a flood.
+                for _ in 0..4 {
+                    match guard.try_io(|a| a.get_ref().try_recv_batch(&mut batch)) {
                         // Drained: readiness is cleared, the next datagram wakes the task.
                         Err(_would_block) => break,
                         Ok(Ok(_)) => {
-                            for r in conntrack::parse_datagram(&buf) {
-                                match r {
-                                    Ok(e) => evs.push(e),
-                                    Err(_) => bad += 1,
-                                }
+                            for d in batch.datagrams() {
+                                conntrack::parse_datagram_into(d, &mut decoded);
                             }
                         }
                         Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => lost = true,
@@ -587,12 +603,16 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                     }
                 }
                 drop(guard);
-                stats.malformed += bad;
-                if !evs.is_empty() {
+                if !decoded.is_empty() {
                     shared.with(|core, now| {
-                        for e in evs {
-                            stats.events += 1;
-                            handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                        for r in decoded.drain(..) {
+                            match r {
+                                Ok(e) => {
+                                    stats.events += 1;
+                                    handle(core, now, e, by, &ours, &mut tracked, &mut stats);
+                                }
+                                Err(_) => stats.malformed += 1,
+                            }
                         }
                     });
                 }
