@@ -329,6 +329,10 @@ pub struct World {
     /// Takeover winners per (target ID, target incarnation), with when each won, for
     /// `takeover_unique`.
     winners: BTreeMap<(RegistrarId, u32), BTreeMap<RegistrarId, Duration>>,
+    /// When each registrar (by the ID it runs under) was last heard on ENRP by a peer, from its
+    /// own host: a target heard after a takeover of it was alive, so a later takeover of it is
+    /// another episode, for `takeover_unique`.
+    enrp_heard: BTreeMap<RegistrarId, Duration>,
     trace_hash: u64,
     trace: Option<Vec<String>>,
     /// The pcap file of delivered traffic, when asked for.
@@ -405,6 +409,7 @@ impl World {
             settle_until: Duration::ZERO,
             chaos: true,
             winners: BTreeMap::new(),
+            enrp_heard: BTreeMap::new(),
             trace_hash: 0xcbf2_9ce4_8422_2325,
             stats: Stats::default(),
             failure: None,
@@ -1666,6 +1671,8 @@ impl World {
         let now = self.local(to);
         match to {
             HostId::Registrar(i) => {
+                let sender = self.host_at(from).map(|(h, _)| h);
+                self.heard_enrp(sender, bytes);
                 if let Some(c) = self.regs[i].core.as_mut() {
                     let (reg, enrp) = &mut **c;
                     enrp.message(now, reg, Source::Multicast, bytes);
@@ -1683,6 +1690,13 @@ impl World {
 
     fn reg_message(&mut self, i: usize, id: u64, service: Service, bytes: &[u8]) {
         let now = self.local(HostId::Registrar(i));
+        if service == Service::Enrp {
+            let sender = self
+                .assocs
+                .get(&id)
+                .and_then(|a| a.ends.iter().copied().find(|&e| e != HostId::Registrar(i)));
+            self.heard_enrp(sender, bytes);
+        }
         if service == Service::Enrp && self.cfg.mutation == Some(Mutation::BlindTakeoverAcks) {
             // The defect: INIT_TAKEOVER acked unread, TAKEOVER_SERVER dropped.
             match self.codec.decode::<EnrpMessage>(bytes).map(|d| d.message) {
@@ -2629,6 +2643,19 @@ impl World {
         }
     }
 
+    /// Notes that registrar host `from` spoke ENRP under the ID its message names (RFC 5353 §2:
+    /// every ENRP message begins with the sender's server ID); a host claiming another ID (a
+    /// hostile one) is not the registrar heard.
+    fn heard_enrp(&mut self, from: Option<HostId>, bytes: &[u8]) {
+        let (Some(HostId::Registrar(r)), Some(b)) = (from, bytes.get(4..8)) else {
+            return;
+        };
+        let id = RegistrarId(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        if self.regs[r].id == id {
+            self.enrp_heard.insert(id, self.now);
+        }
+    }
+
     fn takeover_won(&mut self, winner: usize, target: RegistrarId) {
         let by = self.regs[winner].id;
         self.stats.takeovers += 1;
@@ -2683,11 +2710,15 @@ impl World {
         // fought over the same takeover. (A live registrar that looks dead twice on a lossy
         // network, minutes apart, is taken over twice: two events, not two winners of one.)
         let now = self.now;
+        // A target heard on ENRP after a rival's takeover of it was alive then: this takeover
+        // answers a new suspicion, not the same death (seed 899: 26.6 s apart, the target
+        // refuting in between).
+        let heard = self.enrp_heard.get(&target).copied();
         let set = self.winners.entry((target, inc)).or_default();
         set.insert(by, now);
         let rivals: Vec<RegistrarId> = set
             .iter()
-            .filter(|(r, t)| **r != by && now < **t + PARTITION_SETTLE)
+            .filter(|(r, t)| **r != by && now < **t + PARTITION_SETTLE && heard <= Some(**t))
             .map(|(r, _)| *r)
             .collect();
         if !rivals.is_empty() {
