@@ -19,6 +19,17 @@ use rserpool_sim::{
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+/// Prints a line to standard output; when the reader has gone (`scripts/sim … | head`), stops
+/// quietly with the status a shell gives a process killed by SIGPIPE (128 + 13).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(141);
+        }
+    }};
+}
+
 struct Args {
     seeds: u64,
     first: u64,
@@ -230,7 +241,7 @@ fn parse() -> Result<Args, String> {
                 })
             }
             "-h" | "--help" => {
-                println!("{HELP}");
+                out!("{HELP}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}` (try --help)")),
@@ -393,14 +404,14 @@ fn main() -> ExitCode {
             }
             let o = run_gateway(cfg);
             for line in &o.trace {
-                println!("{line}");
+                out!("{line}");
             }
             total.add(&o.stats);
             if let Some(f) = o.failure {
-                println!("FAIL {f}");
+                out!("FAIL {f}");
                 failures.push(f);
             } else if args.seed.is_some() {
-                println!("seed {seed}: ok (trace hash {:016x})", o.trace_hash);
+                out!("seed {seed}: ok (trace hash {:016x})", o.trace_hash);
             }
             continue;
         }
@@ -497,14 +508,14 @@ fn main() -> ExitCode {
         }
         let o = run(cfg);
         for line in &o.trace {
-            println!("{line}");
+            out!("{line}");
         }
         if let (Some(path), Some(bytes)) = (&args.pcap, &o.pcap) {
             if let Err(e) = std::fs::write(path, bytes) {
                 eprintln!("rserpool-sim: --pcap {}: {e}", path.display());
                 return ExitCode::from(2);
             }
-            println!(
+            out!(
                 "seed {seed}: {} bytes of pcap written to {}{}",
                 bytes.len(),
                 path.display(),
@@ -520,14 +531,14 @@ fn main() -> ExitCode {
         }
         total.add(&o.stats);
         if let Some(f) = o.failure {
-            println!("FAIL {f}");
+            out!("FAIL {f}");
             failures.push(f);
         } else if args.seed.is_some() {
-            println!("seed {seed}: ok (trace hash {:016x})", o.trace_hash);
+            out!("seed {seed}: ok (trace hash {:016x})", o.trace_hash);
         }
     }
     let wall = started.elapsed();
-    println!(
+    out!(
         "{} seeds, {} failed; {total}; {:.1} s wall, {:.0} simulated s per wall s",
         seeds.len(),
         failures.len(),
@@ -535,7 +546,7 @@ fn main() -> ExitCode {
         total.simulated.as_secs_f64() / wall.as_secs_f64().max(1e-9)
     );
     for f in &failures {
-        println!("  seed {} `{}`: {}", f.seed, f.invariant, f.message);
+        out!("  seed {} `{}`: {}", f.seed, f.invariant, f.message);
     }
     if failures.is_empty() {
         ExitCode::SUCCESS

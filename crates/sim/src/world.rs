@@ -2524,34 +2524,9 @@ impl World {
         self.settle_until = self.now + PARTITION_SETTLE;
         self.note(|| "HEAL".to_string());
         self.hash(8, 0, &[]);
-        let now = self.now;
-        let ids: Vec<u64> = self
-            .assocs
-            .iter()
-            .filter(|(_, a)| a.cut_since.is_some())
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            if !self.cut_ips.is_empty() && !self.reachable(id) {
-                // Still cut off by a failed address.
-                continue;
-            }
-            let a = self.assocs.get_mut(&id).expect("present");
-            a.cut_since = None;
-            if a.state != AssocState::Up {
-                continue;
-            }
-            let mut due = Vec::new();
-            for side in 0..2 {
-                for (t, _) in a.queues[side].iter_mut() {
-                    *t = (*t).max(now);
-                    due.push((*t, side));
-                }
-            }
-            for (t, side) in due {
-                self.schedule(t, Ev::Deliver { assoc: id, side });
-            }
-        }
+        // Associations cut off by the partition move what they queued, unless a failed
+        // address still cuts them off.
+        self.resume_reachable();
     }
 
     fn on_churn(&mut self) {
