@@ -2502,15 +2502,7 @@ impl World {
         self.hash(7, side.len() as u64, &[]);
         self.side = side;
         let now = self.now;
-        let ids: Vec<u64> = self.assocs.keys().copied().collect();
-        for id in ids {
-            let a = &self.assocs[&id];
-            if a.state == AssocState::Up && a.cut_since.is_none() && !self.reachable(id) {
-                self.assocs.get_mut(&id).expect("present").cut_since = Some(now);
-                let t = now + self.assoc_timeout(id);
-                self.schedule(t, Ev::CheckCut(id));
-            }
-        }
+        self.mark_unreachable();
         let heal_in = self.uniform(Duration::from_secs(2), Duration::from_secs(40));
         self.schedule(now + heal_in, Ev::Heal);
     }

@@ -339,6 +339,15 @@ impl World {
         self.stats.path_cuts += 1;
         self.note(|| format!("PATH CUT {h} {ip}"));
         self.hash(11, 0, &ip.to_string().into_bytes());
+        self.mark_unreachable();
+        let back = self.uniform_net(Duration::from_secs(2), Duration::from_secs(40));
+        self.schedule(now + back, Ev::HealPath(ip));
+    }
+
+    /// Every association that is up and has lost its last path starts the wait after which it
+    /// is reported lost (a partition or a path cut just began).
+    pub(super) fn mark_unreachable(&mut self) {
+        let now = self.now;
         let ids: Vec<u64> = self.assocs.keys().copied().collect();
         for id in ids {
             let a = &self.assocs[&id];
@@ -348,8 +357,6 @@ impl World {
                 self.schedule(t, Ev::CheckCut(id));
             }
         }
-        let back = self.uniform_net(Duration::from_secs(2), Duration::from_secs(40));
-        self.schedule(now + back, Ev::HealPath(ip));
     }
 
     /// A cut address comes back: associations with a path again move what they queued.
