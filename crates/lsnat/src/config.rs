@@ -97,7 +97,7 @@ pub struct ListenerConfig {
 /// Data plane settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeConfig {
-    /// Worker threads, each with a current-thread runtime and its own socket of every TCP
+    /// TCP relay worker threads, each with its own event loop and its own socket of every TCP
     /// listener (None: one per CPU the process may run on).
     pub worker_threads: Option<usize>,
     /// Relay buffer per direction of a TCP session, bytes.

@@ -6,9 +6,9 @@
 //!   table with per-state idle timers, limits, and per-session receipts (selected, bound,
 //!   reached, outcome) that are kept and counted apart. It takes the time as an argument and
 //!   an RNG at construction, and is tested in virtual time.
-//! - [`driver`] is the tokio data plane: a userspace TCP and UDP relay, active probes, the
-//!   timer tick, and the HTTP status (`/status`, JSON) and metrics (`/metrics`, Prometheus)
-//!   endpoint.
+//! - [`driver`] is the userspace data plane: TCP relay workers (an event loop per thread), the
+//!   UDP relay, active probes, the timer tick, and the HTTP status (`/status`, JSON) and metrics
+//!   (`/metrics`, Prometheus) endpoint.
 //! - [`nat`] is the kernel data plane (`mode = "nat"`): an nftables table of the gateway's own
 //!   whose weight map the core keeps current, and conntrack events as the receipts.
 //! - [`source`] is where members come from: a static list or an RSerPool pool, through
@@ -174,9 +174,9 @@ pub fn run(args: &LsnatArgs) -> anyhow::Result<()> {
         print_line("configuration ok; every address can be bound");
         return Ok(());
     }
-    // The calling thread is worker 0 and runs the timers, probes and endpoint beside its
-    // relays; the driver starts the other workers, each a thread with a current-thread
-    // runtime of its own (no work-stealing scheduler, no task moving between threads).
+    // The calling thread runs the timers, probes, UDP, member source and endpoint on one
+    // current-thread runtime; the driver starts the TCP relay workers, each a thread with an
+    // event loop of its own.
     let mut rt = tokio::runtime::Builder::new_current_thread();
     rt.enable_all();
     let rt = rt.build().context("building the tokio runtime")?;

@@ -651,6 +651,83 @@ async fn refused_connects_rebind_elsewhere_and_count_against_the_member() {
     gw.shutdown().await;
 }
 
+/// A member whose accept queue is full drops SYNs: the relay's connect deadline (not the
+/// kernel's minutes of SYN retries) ends the attempt, and the session is bound elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_that_times_out_rebinds_elsewhere() {
+    let silent = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    silent
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    silent.listen(0).unwrap();
+    let silent_addr = silent.local_addr().unwrap().as_socket().unwrap();
+    // Fill its accept queue (never accepted): later SYNs are dropped.
+    let _queued: Vec<_> = (0..2)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&silent_addr, Duration::from_millis(200)).ok()
+        })
+        .collect();
+    let b = echo().await;
+    let gw = gateway(
+        &[silent_addr, b.addr],
+        "policy = \"round-robin\"\n[timers]\nconnect = \"300ms\"\n[health]\nprobe = \"none\"\nfall = 10\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    for i in 0..2 {
+        let mut s = TcpStream::connect(vip).await.unwrap();
+        let started = Instant::now();
+        roundtrip(&mut s, format!("{i}").as_bytes()).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the deadline ended the connect"
+        );
+    }
+    let st = gw.status();
+    let rebound: Vec<_> = st
+        .bindings
+        .iter()
+        .map(|b| &b.receipt)
+        .chain(st.recent_outcomes.iter())
+        .filter(|r| !r.failed_attempts.is_empty())
+        .collect();
+    // Round robin: each session tries the silent member, first or after the echo's turn.
+    assert!(
+        !rebound.is_empty(),
+        "a session went to the silent member first"
+    );
+    for r in rebound {
+        assert_eq!(r.failed_attempts[0].reason, "connect timed out after 300ms");
+        assert_eq!(r.failed_attempts[0].member, r.selected[0].member);
+        assert_eq!(r.bound.as_ref().unwrap().address, b.addr);
+    }
+    gw.shutdown().await;
+}
+
+/// A gateway dropped without `shutdown` still stops its relay worker threads: the port closes
+/// and a session open at the time is closed, not left to a thread that runs forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_gateway_stops_its_relay_workers() {
+    let b = echo().await;
+    let gw = gateway(&[b.addr], "[health]\nprobe = \"none\"\n").await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut open = TcpStream::connect(vip).await.unwrap();
+    roundtrip(&mut open, b"before").await.unwrap();
+    drop(gw);
+    rserpool_testkit::until(
+        "the listener to close",
+        Duration::from_secs(5),
+        async || TcpStream::connect(vip).await.is_err(),
+    )
+    .await;
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), open.read_to_end(&mut rest)).await;
+    assert!(
+        read.is_ok(),
+        "the open session was closed within the grace time"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_endpoint_serves_json_and_prometheus_text() {
     let a = echo().await;

@@ -1,10 +1,10 @@
-//! The tokio driver: listeners, relays, probes, timers and the status endpoint around the
+//! The driver: listeners, relays, probes, timers and the status endpoint around the
 //! sans-IO core. Every decision is the core's; this module moves bytes and reports what the
 //! operating system said.
 
 mod http;
 mod probe;
-#[cfg(target_os = "linux")]
+mod relay;
 mod splice;
 mod tcp;
 mod udp;
@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 pub(crate) struct Inner {
     pub(crate) core: Gateway,
     /// How to stop a session's relay when the core ends it (idle timeout, member lost).
-    pub(crate) kills: HashMap<SessionId, oneshot::Sender<Outcome>>,
+    pub(crate) kills: HashMap<SessionId, Kill>,
     /// The NAT data plane's counters, while it runs (NAT mode).
     pub(crate) nat: Option<crate::nat::Stats>,
 }
@@ -41,6 +41,30 @@ impl Inner {
     }
 }
 
+/// How the core's end of a session reaches the relay moving its bytes.
+pub(crate) enum Kill {
+    /// A task's channel (UDP flows).
+    Task(oneshot::Sender<Outcome>),
+    /// A TCP session on a relay worker's event loop.
+    Relay(Arc<relay::Mailbox>, relay::SlotId),
+}
+
+impl Kill {
+    /// Tells the relay of `session` that the core ended it with `outcome`.
+    pub(crate) fn send(self, session: SessionId, outcome: Outcome) {
+        match self {
+            Kill::Task(tx) => {
+                let _ = tx.send(outcome);
+            }
+            Kill::Relay(mailbox, slot) => mailbox.send(relay::Command::Kill {
+                slot,
+                session,
+                outcome,
+            }),
+        }
+    }
+}
+
 impl Inner {
     /// Hands the core's queued actions to the relays.
     pub(crate) fn apply_actions(&mut self) {
@@ -50,8 +74,8 @@ impl Inner {
         for action in self.core.take_actions() {
             match action {
                 crate::core::Action::Close { session, outcome } => {
-                    if let Some(tx) = self.kills.remove(&session) {
-                        let _ = tx.send(outcome);
+                    if let Some(kill) = self.kills.remove(&session) {
+                        kill.send(session, outcome);
                     }
                 }
             }
@@ -64,8 +88,6 @@ pub(crate) struct Shared {
     inner: Mutex<Inner>,
     start: Instant,
     pub(crate) config: Config,
-    /// TCP relays running now (on every worker): a stopping worker waits for its own to end.
-    pub(crate) relays: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -97,6 +119,16 @@ pub struct Running {
     status: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    /// The TCP relay workers' mailboxes: told to stop on shutdown, or when this is dropped.
+    workers: Vec<Arc<relay::Mailbox>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.send(relay::Command::Stop);
+        }
+    }
 }
 
 impl Running {
@@ -137,12 +169,15 @@ impl Running {
     /// Stops listening, ends open sessions with outcome shutdown, and waits for the tasks.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
+        for w in &self.workers {
+            w.send(relay::Command::Stop);
+        }
         {
             let now = self.shared.now();
             let mut g = self.shared.lock();
             g.core.shutdown(now);
-            for (_, tx) in g.kills.drain() {
-                let _ = tx.send(Outcome::Shutdown);
+            for (session, kill) in g.kills.drain() {
+                kill.send(session, Outcome::Shutdown);
             }
         }
         while self.tasks.join_next().await.is_some() {}
@@ -172,7 +207,6 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
         }),
         start: Instant::now(),
         config,
-        relays: std::sync::atomic::AtomicUsize::new(0),
     });
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
@@ -223,10 +257,9 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
             shutdown_rx.clone(),
         ));
     }
-    // Worker 0 is the caller's runtime; workers 1.. are threads with a current-thread runtime
-    // each, every one accepting on its own socket of each TCP listener (SO_REUSEPORT): a
-    // connection is accepted, relayed and closed on one thread, with no task handed between
-    // threads.
+    // One relay worker thread per CPU (runtime.worker_threads), each an event loop accepting
+    // on its own socket of each TCP listener (SO_REUSEPORT): a connection is accepted, relayed
+    // and closed on one thread. This runtime keeps the timers, probes, UDP and the endpoint.
     let mut per_worker: Vec<Vec<std::net::TcpListener>> =
         (0..bound.workers.max(1)).map(|_| Vec::new()).collect();
     for (p, local, listener) in bound.listeners {
@@ -244,16 +277,28 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
             }
         }
     }
-    let mut per_worker = per_worker.into_iter();
-    for l in per_worker.next().unwrap_or_default() {
-        let l = tokio::net::TcpListener::from_std(l)?;
-        tasks.spawn(tcp::accept_loop(shared.clone(), l, shutdown_rx.clone()));
-    }
-    for (n, ls) in per_worker.enumerate() {
-        if ls.is_empty() {
-            continue;
+    // Every worker is built before any runs, so that a failure leaves none behind.
+    let mut workers = Vec::new();
+    for (n, ls) in per_worker.into_iter().enumerate() {
+        if !ls.is_empty() {
+            workers.push(relay::Worker::new(n, shared.clone(), ls)?);
         }
-        let handle = spawn_worker(n + 1, shared.clone(), ls, shutdown_rx.clone())?;
+    }
+    let mailboxes: Vec<_> = workers.iter().map(|(_, m)| m.clone()).collect();
+    for (worker, _) in workers {
+        let name = format!("lsnat-worker-{}", worker.number());
+        let spawned = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || worker.run());
+        let handle = match spawned {
+            Ok(h) => h,
+            Err(e) => {
+                for m in &mailboxes {
+                    m.send(relay::Command::Stop);
+                }
+                return Err(e);
+            }
+        };
         tasks.spawn(async move {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         });
@@ -277,44 +322,8 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
         status,
         shutdown,
         tasks,
+        workers: mailboxes,
     })
-}
-
-/// A worker thread: its own current-thread runtime accepting on its sockets until the
-/// gateway stops, then waiting (up to two seconds) for the relays the stop ended to finish.
-fn spawn_worker(
-    n: usize,
-    shared: Arc<Shared>,
-    listeners: Vec<std::net::TcpListener>,
-    stop: watch::Receiver<bool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::Builder::new()
-        .name(format!("lsnat-worker-{n}"))
-        .spawn(move || {
-            rt.block_on(async move {
-                let mut loops = JoinSet::new();
-                for l in listeners {
-                    match tokio::net::TcpListener::from_std(l) {
-                        Ok(l) => {
-                            loops.spawn(tcp::accept_loop(shared.clone(), l, stop.clone()));
-                        }
-                        Err(e) => {
-                            tracing::error!(worker = n, error = %e, "cannot register a listener")
-                        }
-                    }
-                }
-                while loops.join_next().await.is_some() {}
-                let deadline = Instant::now() + std::time::Duration::from_secs(2);
-                while shared.relays.load(std::sync::atomic::Ordering::Relaxed) > 0
-                    && Instant::now() < deadline
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                }
-            });
-        })
 }
 
 /// Worker threads for `config`: `runtime.worker_threads`, or one per CPU this process may run

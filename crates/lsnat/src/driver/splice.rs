@@ -1,14 +1,10 @@
 //! Zero-copy relay on Linux: `splice(2)` moves bytes socket → pipe → socket inside the kernel,
 //! so the relay never copies the payload through user space. With `runtime.splice` on, a TCP
 //! direction switches to it once one read fills the relay buffer (a bulk transfer); short
-//! exchanges never pay for the pipe.
+//! exchanges never pay for the pipe. The event loop (`relay`) drives it.
 
-use super::tcp::{Ctx, RelayError};
-use crate::core::receipt::Side;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use tokio::io::Interest;
-use tokio::net::TcpStream;
 
 /// Smallest pipe used (Linux's default pipe size): a bulk direction moves this much per call.
 pub(crate) const MIN_PIPE: usize = 65_536;
@@ -17,6 +13,18 @@ pub(crate) const MIN_PIPE: usize = 65_536;
 pub(crate) struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
+}
+
+impl Pipe {
+    /// Moves up to `len` bytes from the socket `from` into the pipe (0: end of stream).
+    pub(crate) fn fill(&self, from: &impl AsRawFd, len: usize) -> io::Result<usize> {
+        splice(from.as_raw_fd(), self.write.as_raw_fd(), len)
+    }
+
+    /// Moves up to `len` bytes from the pipe to the socket `to`.
+    pub(crate) fn drain(&self, to: &impl AsRawFd, len: usize) -> io::Result<usize> {
+        splice(self.read.as_raw_fd(), to.as_raw_fd(), len)
+    }
 }
 
 impl Pipe {
@@ -56,55 +64,5 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
         Err(io::Error::last_os_error())
     } else {
         Ok(n as usize)
-    }
-}
-
-/// Relays `from` → `to` through `pipe` until EOF (then half-closes `to`) or an error. The
-/// direction's first byte has already gone through the copying relay.
-pub(crate) async fn pump(
-    from: &TcpStream,
-    to: &TcpStream,
-    pipe: &Pipe,
-    chunk: usize,
-    side: Side,
-    ctx: &Ctx<'_>,
-) -> Result<(), RelayError> {
-    let other = match side {
-        Side::Client => Side::Member,
-        Side::Member => Side::Client,
-    };
-    loop {
-        // Socket → pipe (the pipe is empty here, so EAGAIN means the socket has nothing).
-        let n = loop {
-            from.readable().await.map_err(|e| (side, e))?;
-            match from.try_io(Interest::READABLE, || {
-                splice(from.as_raw_fd(), pipe.write.as_raw_fd(), chunk)
-            }) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err((side, e)),
-            }
-        };
-        if n == 0 {
-            if !ctx.other_done(side) {
-                let _ = socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
-            }
-            ctx.half_closed(side);
-            return Ok(());
-        }
-        // Pipe → socket, until the pipe is empty again.
-        let mut left = n;
-        while left > 0 {
-            to.writable().await.map_err(|e| (other, e))?;
-            match to.try_io(Interest::WRITABLE, || {
-                splice(pipe.read.as_raw_fd(), to.as_raw_fd(), left)
-            }) {
-                Ok(0) => return Err((other, io::ErrorKind::WriteZero.into())),
-                Ok(m) => left -= m.min(left),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err((other, e)),
-            }
-        }
-        ctx.count(side, n);
     }
 }

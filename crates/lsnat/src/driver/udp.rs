@@ -88,8 +88,8 @@ pub(crate) async fn listener_loop(
             flush(&shared, flow);
             let reason = reason(&e);
             shared.with(|core, now| core.member_failed(now, id, &reason));
-            if let Some(tx) = shared.lock().kills.remove(&id) {
-                let _ = tx.send(Outcome::Shutdown);
+            if let Some(kill) = shared.lock().kills.remove(&id) {
+                kill.send(id, Outcome::Shutdown);
             }
             flows.remove(&client);
             continue;
@@ -142,7 +142,7 @@ async fn open_flow(
         let mut g = shared.lock();
         let r = g.core.open(now, flow);
         if let Ok(b) = &r {
-            g.kills.insert(b.session, tx);
+            g.kills.insert(b.session, super::Kill::Task(tx));
         }
         g.apply_actions();
         r.ok()?
