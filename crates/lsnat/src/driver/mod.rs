@@ -257,20 +257,17 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
             shutdown_rx.clone(),
         ));
     }
-    // One relay worker thread per CPU (runtime.worker_threads), each an event loop accepting
-    // on its own socket of each TCP listener (SO_REUSEPORT): a connection is accepted, relayed
-    // and closed on one thread. This runtime keeps the timers, probes, UDP and the endpoint.
-    let mut per_worker: Vec<Vec<std::net::TcpListener>> =
-        (0..bound.workers.max(1)).map(|_| Vec::new()).collect();
+    // One relay worker thread per CPU (runtime.worker_threads), each an event loop waiting on
+    // every TCP listener (EPOLLEXCLUSIVE: a new connection wakes one idle worker): a connection
+    // is accepted, relayed and closed on one thread. This runtime keeps the timers, probes, UDP
+    // and the endpoint.
+    let mut tcp_listeners = Vec::new();
     for (p, local, listener) in bound.listeners {
         tracing::info!(address = %local, protocol = p.name(), "listening");
         listeners.push((p, local));
         match listener {
-            BoundListener::Tcp(group) => {
-                let n = per_worker.len();
-                for (w, l) in group.into_iter().enumerate() {
-                    per_worker[w % n].push(l);
-                }
+            BoundListener::Tcp(l) => {
+                tcp_listeners.push(Arc::new(mio::net::TcpListener::from_std(l)));
             }
             BoundListener::Udp(s) => {
                 tasks.spawn(udp::listener_loop(shared.clone(), s, shutdown_rx.clone()));
@@ -279,11 +276,12 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     }
     // Every worker is built before any runs, so that a failure leaves none behind.
     let mut workers = Vec::new();
-    for (n, ls) in per_worker.into_iter().enumerate() {
-        if !ls.is_empty() {
-            workers.push(relay::Worker::new(n, shared.clone(), ls)?);
+    if !tcp_listeners.is_empty() {
+        for n in 0..bound.workers.max(1) {
+            workers.push(relay::Worker::new(n, shared.clone(), &tcp_listeners)?);
         }
     }
+    drop(tcp_listeners);
     let mailboxes: Vec<_> = workers.iter().map(|(_, m)| m.clone()).collect();
     for (worker, _) in workers {
         let name = format!("lsnat-worker-{}", worker.number());
@@ -337,8 +335,8 @@ pub(crate) fn workers(config: &Config) -> usize {
 }
 
 enum BoundListener {
-    /// One socket per worker.
-    Tcp(Vec<std::net::TcpListener>),
+    /// One socket, shared by the relay workers.
+    Tcp(std::net::TcpListener),
     Udp(tokio::net::UdpSocket),
 }
 
@@ -362,13 +360,9 @@ async fn bind_all(config: &Config, with_listeners: bool) -> std::io::Result<Boun
     for l in config.listeners.iter().filter(|_| with_listeners) {
         let (local, b) = match l.protocol {
             Protocol::Tcp => {
-                let group = tcp::bind_group(l.address, workers)
-                    .map_err(|e| bind_error("TCP listener", l.address, e))?;
-                let local = match group.first() {
-                    Some(s) => s.local_addr()?,
-                    None => l.address,
-                };
-                (local, BoundListener::Tcp(group))
+                let s =
+                    tcp::bind(l.address).map_err(|e| bind_error("TCP listener", l.address, e))?;
+                (s.local_addr()?, BoundListener::Tcp(s))
             }
             Protocol::Udp => {
                 let s =

@@ -1,6 +1,7 @@
 //! The proxy's TCP data plane: one event loop per worker thread (mio over edge-triggered
-//! epoll), accepting on the worker's own `SO_REUSEPORT` socket and relaying each session it
-//! accepted until the end. A session costs no task, no timer and no waker: its two sockets are
+//! epoll). The workers share each listening socket, registered in every worker's epoll with
+//! `EPOLLEXCLUSIVE` (a new connection wakes one idle worker, not all, and not one that is
+//! busy while another waits), and each relays the sessions it accepted until their end. A session costs no task, no timer and no waker: its two sockets are
 //! registered once for reading and writing (two `epoll_ctl` calls) and leave epoll by being
 //! closed; the connect deadline sits in a queue that is in deadline order by construction (one
 //! timeout for every connect). Every decision is the core's; this module moves bytes and
@@ -75,6 +76,9 @@ const MAX_LISTENERS: usize = 1 << 16;
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// After a failed accept (e.g. out of descriptors) the listeners are tried again this late.
 const ACCEPT_RETRY: Duration = Duration::from_millis(20);
+/// Most connections accepted per listener event, so one busy listener cannot starve the
+/// sessions of the worker.
+const ACCEPT_BATCH: usize = 64;
 
 fn token(slot: SlotId, side: Side) -> Token {
     let s = match side {
@@ -342,11 +346,51 @@ struct Slot {
     conn: Option<Conn>,
 }
 
-/// A listener of this worker and the virtual address its sessions are for.
+/// A listener this worker waits on, and the virtual address its sessions are for.
 struct Listener {
-    socket: TcpListener,
+    socket: Arc<TcpListener>,
     /// The bound address when it is a specific one (no getsockname per connection).
     fixed: Option<SocketAddr>,
+    /// Whether it is in this worker's epoll now (out while accepting fails, and once stopping).
+    watched: bool,
+}
+
+/// Adds a shared listener to a worker's epoll: level-triggered and exclusive, so each new
+/// connection wakes one waiting worker.
+fn watch(poll: &Poll, listener: &TcpListener, t: Token) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32,
+        u64: t.0 as u64,
+    };
+    // SAFETY: epoll_ctl on descriptors that stay open for the call (the poll's and the
+    // listener's); the kernel copies the event.
+    let r = unsafe {
+        libc::epoll_ctl(
+            poll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            listener.as_raw_fd(),
+            &mut ev,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes a shared listener out of a worker's epoll (the socket stays open for the others).
+fn unwatch(poll: &Poll, listener: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: as in `watch`; a null event is allowed for EPOLL_CTL_DEL.
+    unsafe {
+        libc::epoll_ctl(
+            poll.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+        );
+    }
 }
 
 /// A worker: its event loop, its listeners and its sessions.
@@ -375,7 +419,7 @@ impl Worker {
     pub(crate) fn new(
         n: usize,
         shared: Arc<Shared>,
-        listeners: Vec<std::net::TcpListener>,
+        listeners: &[Arc<TcpListener>],
     ) -> io::Result<(Worker, Arc<Mailbox>)> {
         if listeners.len() > MAX_LISTENERS {
             return Err(io::Error::other(format!(
@@ -388,13 +432,14 @@ impl Worker {
             waker: Waker::new(poll.registry(), WAKER)?,
         });
         let mut ls = Vec::with_capacity(listeners.len());
-        for (i, l) in listeners.into_iter().enumerate() {
-            l.set_nonblocking(true)?;
+        for (i, l) in listeners.iter().enumerate() {
             let fixed = l.local_addr().ok().filter(|a| !a.ip().is_unspecified());
-            let mut socket = TcpListener::from_std(l);
-            poll.registry()
-                .register(&mut socket, Token(LISTENERS - i), Interest::READABLE)?;
-            ls.push(Listener { socket, fixed });
+            watch(&poll, l, Token(LISTENERS - i))?;
+            ls.push(Listener {
+                socket: l.clone(),
+                fixed,
+                watched: true,
+            });
         }
         let rt = &shared.config.runtime;
         let worker = Worker {
@@ -486,8 +531,16 @@ impl Worker {
         }
         if self.accept_retry.is_some_and(|t| t <= now) {
             self.accept_retry = None;
-            for i in 0..self.listeners.len() {
-                self.accept(i);
+            for (i, l) in self.listeners.iter_mut().enumerate() {
+                if !l.watched {
+                    match watch(&self.poll, &l.socket, Token(LISTENERS - i)) {
+                        Ok(()) => l.watched = true,
+                        Err(e) => {
+                            tracing::error!(worker = self.n, error = %e, "cannot watch a listener again");
+                            self.accept_retry = Some(now + ACCEPT_RETRY);
+                        }
+                    }
+                }
             }
         }
     }
@@ -552,8 +605,11 @@ impl Worker {
                 Command::Stop => {
                     if self.stopping.is_none() {
                         self.stopping = Some(Instant::now());
-                        // Closing the listeners takes them out of epoll.
-                        self.listeners.clear();
+                        for l in self.listeners.drain(..) {
+                            if l.watched {
+                                unwatch(&self.poll, &l.socket);
+                            }
+                        }
                         self.accept_retry = None;
                     }
                 }
@@ -589,9 +645,11 @@ impl Worker {
         }
     }
 
+    /// Accepts what listener `i` has, up to a batch: the listener is level-triggered, so what
+    /// is left wakes this worker or another again.
     fn accept(&mut self, i: usize) {
-        loop {
-            let Some(l) = self.listeners.get(i) else {
+        for _ in 0..ACCEPT_BATCH {
+            let Some(l) = self.listeners.get_mut(i) else {
                 return;
             };
             match l.socket.accept() {
@@ -603,9 +661,12 @@ impl Worker {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
                 Err(e) => {
-                    // Out of descriptors: keep serving, and try again shortly (the edge that
-                    // announced these connections will not come again).
+                    // Out of descriptors: keep serving the sessions there are, and stop
+                    // watching the listener for a moment (it stays readable: watched, it
+                    // would wake this loop without end).
                     tracing::warn!(error = %e, "accept failed");
+                    unwatch(&self.poll, &l.socket);
+                    l.watched = false;
                     self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
                     return;
                 }
