@@ -76,9 +76,11 @@ const MAX_LISTENERS: usize = 1 << 16;
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// After a failed accept (e.g. out of descriptors) the listeners are tried again this late.
 const ACCEPT_RETRY: Duration = Duration::from_millis(20);
-/// Most connections accepted per listener event, so one busy listener cannot starve the
-/// sessions of the worker.
-const ACCEPT_BATCH: usize = 64;
+/// Connections accepted per listener event. The listener is level-triggered: one still
+/// waiting is reported again by the next poll (with whatever else is ready), so accepting one
+/// at a time costs no accept that only hears "would block", and a flood of connections
+/// cannot starve the sessions of the worker.
+const ACCEPT_BATCH: usize = 1;
 
 fn token(slot: SlotId, side: Side) -> Token {
     let s = match side {
