@@ -181,6 +181,10 @@ pub struct NatConfig {
     /// Filter the conntrack event socket in the kernel (a BPF program) so that only events
     /// of connections to the listeners reach the gateway.
     pub event_filter: bool,
+    /// Under load the event socket is read on a tick of this period instead of whenever it is
+    /// readable (one wake-up per tick whatever the load; receipts up to a tick late); while
+    /// events are few, and always when zero, it is read as events arrive.
+    pub event_interval: Duration,
     /// Path of the `nft` binary.
     pub nft: String,
 }
@@ -198,6 +202,7 @@ impl Default for NatConfig {
             events: crate::nat::plan::NatEvents::Answer,
             conntrack_accounting: true,
             event_filter: true,
+            event_interval: Duration::from_millis(5),
             nft: "nft".into(),
         }
     }
@@ -258,6 +263,7 @@ struct RawNat {
     events: Option<String>,
     conntrack_accounting: Option<bool>,
     event_filter: Option<bool>,
+    event_interval: Option<toml::Value>,
     nft: Option<String>,
 }
 
@@ -584,6 +590,10 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         event_buffer as i64,
         1 << 30,
     )?;
+    let event_interval = c.duration("nat.event-interval", &r.event_interval, d.event_interval)?;
+    if event_interval > Duration::from_secs(1) {
+        return Err(c.err("nat.event-interval", "must be at most 1s"));
+    }
     use crate::nat::plan::NatEvents;
     let events = match r.events.as_deref() {
         None => d.events,
@@ -608,6 +618,7 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         events,
         conntrack_accounting: r.conntrack_accounting.unwrap_or(d.conntrack_accounting),
         event_filter: r.event_filter.unwrap_or(d.event_filter),
+        event_interval,
         nft: r.nft.clone().unwrap_or(d.nft),
     })
 }

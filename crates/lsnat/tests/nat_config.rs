@@ -276,6 +276,18 @@ fn which_conntrack_events_and_how_large_a_buffer() {
     )
     .unwrap();
     assert_eq!(c.nat.event_buffer_max, 4 << 20);
+    // Events are read on a 5 ms tick under load unless set otherwise; more than 1s is refused.
+    assert_eq!(
+        load("", "").unwrap().nat.event_interval,
+        Duration::from_millis(5)
+    );
+    assert!(load("", "[nat]\nevent-interval = \"0s\"\n")
+        .unwrap()
+        .nat
+        .event_interval
+        .is_zero());
+    let e = load("", "[nat]\nevent-interval = \"2s\"\n").unwrap_err();
+    assert_eq!(field_of(e), "nat.event-interval");
     // The kernel-side event filter is on unless turned off.
     assert!(load("", "").unwrap().nat.event_filter);
     assert!(

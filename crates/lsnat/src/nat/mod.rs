@@ -462,16 +462,20 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         }
     );
 
-    // Conntrack events: the socket is non-blocking and polled by this task. Whatever has
-    // arrived when it is readable (up to 256 datagrams) is decoded and applied under one lock;
-    // the receive buffer doubles, up to nat.event-buffer-max, each time the kernel drops events.
+    // Conntrack events: the socket is non-blocking and read by this task. While events are
+    // few it is read whenever it is readable (receipts at once); once readiness wakes the task
+    // more often than every nat.event-interval, the socket leaves epoll and is read on a tick
+    // of that period instead (one wake-up per tick whatever the load, receipts up to a tick
+    // late), until ticks find it empty again. Whatever has arrived (up to 256 datagrams per
+    // readiness, 4096 per tick) is decoded and applied under one lock; the receive buffer
+    // doubles, up to nat.event-buffer-max, each time the kernel drops events.
     let mut buffer = shared.config.nat.event_buffer;
     let buffer_max = shared.config.nat.event_buffer_max;
-    let registered = subscription.set_non_blocking().and_then(|()| {
-        // SAFETY: the subscription owns its socket, which stays open and the same descriptor
-        // until the AsyncFd (its owner from here) is dropped.
-        unsafe { tokio::io::unix::AsyncFd::register(subscription) }.map_err(std::io::Error::from)
-    });
+    let interval = shared.config.nat.event_interval;
+    let mut pace = Pace::default();
+    let registered = subscription
+        .set_non_blocking()
+        .and_then(|()| EventSocket::ready(subscription));
     let mut events = match registered {
         Ok(a) => Some(a),
         Err(e) => {
@@ -568,41 +572,70 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                 }
             }
             ready = async {
-                match &events {
-                    Some(a) => a.readable().await,
+                match &mut events {
+                    Some(EventSocket::Ready(a)) => a.readable().await.map(Some),
+                    Some(EventSocket::Tick(_, tick)) => {
+                        tick.tick().await;
+                        Ok(None)
+                    }
                     None => std::future::pending().await,
                 }
             } => {
-                let mut guard = match ready {
-                    Ok(g) => g,
+                let mut lost = false;
+                let mut failed = None;
+                let mut got = 0usize;
+                let mut take = |r: std::io::Result<usize>, batch: &conntrack::RecvBatch| match r {
+                    Ok(_) => {
+                        for d in batch.datagrams() {
+                            got += 1;
+                            conntrack::parse_datagram_into(d, &mut decoded);
+                        }
+                        true
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                        lost = true;
+                        true
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => true,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                };
+                match ready {
                     Err(e) => {
                         tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
                         events = None;
                         continue;
                     }
-                };
-                let mut lost = false;
-                let mut failed = None;
-                // Up to four batches (256 datagrams) per wake-up, so that the timer and the
-                // stop signal are not starved under a flood.
-                for _ in 0..4 {
-                    match guard.try_io(|a| a.get_ref().try_recv_batch(&mut batch)) {
-                        // Drained: readiness is cleared, the next datagram wakes the task.
-                        Err(_would_block) => break,
-                        Ok(Ok(_)) => {
-                            for d in batch.datagrams() {
-                                conntrack::parse_datagram_into(d, &mut decoded);
+                    // Readable: up to four batches (256 datagrams), so that the timer and the
+                    // stop signal are not starved under a flood.
+                    Ok(Some(mut guard)) => {
+                        for _ in 0..4 {
+                            match guard.try_io(|a| a.get_ref().try_recv_batch(&mut batch)) {
+                                // Drained: readiness is cleared, the next datagram wakes the task.
+                                Err(_would_block) => break,
+                                Ok(r) => {
+                                    if !take(r, &batch) {
+                                        break;
+                                    }
+                                }
                             }
                         }
-                        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => lost = true,
-                        Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Ok(Err(e)) => {
-                            failed = Some(e);
-                            break;
+                    }
+                    // A tick: whatever has arrived since, up to 64 batches.
+                    Ok(None) => {
+                        if let Some(EventSocket::Tick(sub, _)) = &events {
+                            for _ in 0..64 {
+                                let r = sub.try_recv_batch(&mut batch);
+                                if !take(r, &batch) {
+                                    break;
+                                }
+                            }
                         }
                     }
                 }
-                drop(guard);
                 if !decoded.is_empty() {
                     shared.with(|core, now| {
                         for r in decoded.drain(..) {
@@ -621,8 +654,8 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                     resync_due = true;
                     if buffer < buffer_max {
                         buffer = (buffer * 2).min(buffer_max);
-                        if let Some(a) = &events {
-                            let granted = a.get_ref().set_buffer(buffer);
+                        if let Some(e) = &events {
+                            let granted = e.subscription().set_buffer(buffer);
                             tracing::info!(asked = buffer, granted, "conntrack event buffer enlarged after lost events");
                         }
                     }
@@ -634,6 +667,18 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                 if let Some(e) = failed {
                     tracing::error!(error = %e, "conntrack event socket failed; NAT receipts stop");
                     events = None;
+                }
+                if !interval.is_zero() {
+                    let tick = matches!(events, Some(EventSocket::Tick(..)));
+                    if let Some(change) = pace.step(tick, got, Instant::now(), interval) {
+                        events = events.take().and_then(|e| match e.switch(change, interval) {
+                            Ok(e) => Some(e),
+                            Err(err) => {
+                                tracing::error!(error = %err, "cannot change how the conntrack event socket is read; NAT receipts stop");
+                                None
+                            }
+                        });
+                    }
                 }
             }
             _ = stop.changed() => break,
@@ -655,6 +700,82 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
         }
     }
     tracing::info!(?stats, "NAT data plane stopped");
+}
+
+/// The conntrack event socket, read when readable or on a tick (`nat.event-interval`).
+enum EventSocket {
+    Ready(tokio::io::unix::AsyncFd<conntrack::Subscription>),
+    Tick(conntrack::Subscription, tokio::time::Interval),
+}
+
+impl EventSocket {
+    fn ready(s: conntrack::Subscription) -> std::io::Result<EventSocket> {
+        // SAFETY: the subscription owns its socket, which stays open and the same descriptor
+        // until the AsyncFd (its owner from here) is dropped or gives it back.
+        unsafe { tokio::io::unix::AsyncFd::register(s) }
+            .map(EventSocket::Ready)
+            .map_err(std::io::Error::from)
+    }
+
+    fn subscription(&self) -> &conntrack::Subscription {
+        match self {
+            EventSocket::Ready(a) => a.get_ref(),
+            EventSocket::Tick(s, _) => s,
+        }
+    }
+
+    /// Reads on a tick (`true`: out of epoll) or when readable (`false`: back in it).
+    fn switch(self, to_tick: bool, interval: Duration) -> std::io::Result<EventSocket> {
+        match (self, to_tick) {
+            (EventSocket::Ready(a), true) => {
+                let mut tick = tokio::time::interval(interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tracing::debug!("conntrack events are many: read on a tick");
+                Ok(EventSocket::Tick(a.into_inner(), tick))
+            }
+            (EventSocket::Tick(s, _), false) => {
+                tracing::debug!("conntrack events are few: read when they arrive");
+                EventSocket::ready(s)
+            }
+            (e, _) => Ok(e),
+        }
+    }
+}
+
+/// When to read the event socket on a tick and when on readiness: readiness wakes closer
+/// together than the interval, [`Pace::BUSY`] times in a row, switch to the tick; ticks that
+/// find nothing, [`Pace::QUIET`] in a row, switch back.
+#[derive(Default)]
+struct Pace {
+    last_wake: Option<Instant>,
+    busy: u32,
+    quiet: u32,
+}
+
+impl Pace {
+    const BUSY: u32 = 8;
+    const QUIET: u32 = 4;
+
+    /// After a read (`tick`: on a tick; `got`: datagrams read): Some(true) to move to the
+    /// tick, Some(false) back to readiness, None to stay.
+    fn step(&mut self, tick: bool, got: usize, now: Instant, interval: Duration) -> Option<bool> {
+        if tick {
+            self.quiet = if got == 0 { self.quiet + 1 } else { 0 };
+            if self.quiet >= Self::QUIET {
+                *self = Pace::default();
+                return Some(false);
+            }
+            return None;
+        }
+        let close = self.last_wake.is_some_and(|t| now < t + interval);
+        self.last_wake = Some(now);
+        self.busy = if close { self.busy + 1 } else { 0 };
+        if self.busy >= Self::BUSY {
+            *self = Pace::default();
+            return Some(true);
+        }
+        None
+    }
 }
 
 fn handle(
@@ -901,6 +1022,35 @@ mod tests {
                 &mut self.tracked,
                 &mut self.stats,
             );
+        }
+    }
+
+    #[test]
+    fn event_reading_moves_to_the_tick_under_load_and_back_when_quiet() {
+        let iv = Duration::from_millis(5);
+        let t0 = Instant::now();
+        let mut p = Pace::default();
+        // Wakes 1 ms apart: the eighth in a row moves to the tick.
+        let mut switched = None;
+        for i in 0..20 {
+            if let Some(c) = p.step(false, 10, t0 + Duration::from_millis(i), iv) {
+                switched = Some((i, c));
+                break;
+            }
+        }
+        assert_eq!(switched, Some((8, true)));
+        // Ticks that read something keep it; four empty ones in a row move back.
+        assert_eq!(p.step(true, 300, t0, iv), None);
+        assert_eq!(p.step(true, 0, t0, iv), None);
+        assert_eq!(p.step(true, 0, t0, iv), None);
+        assert_eq!(p.step(true, 5, t0, iv), None, "a tick with events resets the count");
+        for _ in 0..3 {
+            assert_eq!(p.step(true, 0, t0, iv), None);
+        }
+        assert_eq!(p.step(true, 0, t0, iv), Some(false));
+        // Wakes further apart than the interval never move it.
+        for i in 0..50 {
+            assert_eq!(p.step(false, 1, t0 + Duration::from_millis(6 * i), iv), None);
         }
     }
 
