@@ -88,9 +88,8 @@ pub struct LsnatArgs {
     /// Deprecated spelling of `--metrics`.
     #[arg(long, hide = true, value_name = "ADDR:PORT")]
     pub status: Option<String>,
-    /// Worker threads, each with its own event loop and its own listening socket per TCP
-    /// listener (SO_REUSEPORT; the kernel spreads connections over them) (default: one per
-    /// CPU).
+    /// TCP relay worker threads, each an event loop; they share the listening sockets and a
+    /// new connection wakes one idle worker (default: one per CPU).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Check the configuration, bind what would be bound (and let go), print a summary and the

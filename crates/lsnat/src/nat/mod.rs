@@ -1043,14 +1043,21 @@ mod tests {
         assert_eq!(p.step(true, 300, t0, iv), None);
         assert_eq!(p.step(true, 0, t0, iv), None);
         assert_eq!(p.step(true, 0, t0, iv), None);
-        assert_eq!(p.step(true, 5, t0, iv), None, "a tick with events resets the count");
+        assert_eq!(
+            p.step(true, 5, t0, iv),
+            None,
+            "a tick with events resets the count"
+        );
         for _ in 0..3 {
             assert_eq!(p.step(true, 0, t0, iv), None);
         }
         assert_eq!(p.step(true, 0, t0, iv), Some(false));
         // Wakes further apart than the interval never move it.
         for i in 0..50 {
-            assert_eq!(p.step(false, 1, t0 + Duration::from_millis(6 * i), iv), None);
+            assert_eq!(
+                p.step(false, 1, t0 + Duration::from_millis(6 * i), iv),
+                None
+            );
         }
     }
 
