@@ -3,7 +3,7 @@
 //! through the member source, limits, connect failures, and the status endpoint.
 
 use rserpool_lsnat::core::member::MemberSpec;
-use rserpool_lsnat::core::receipt::Outcome;
+use rserpool_lsnat::core::receipt::{Outcome, Receipt};
 use rserpool_lsnat::core::{Protocol, Status};
 use rserpool_lsnat::source::{ChannelSource, SourceUpdate};
 use rserpool_lsnat::{start, Config, Overrides, Running, StaticSource};
@@ -181,6 +181,16 @@ fn member_state(st: &Status, addr: SocketAddr) -> &'static str {
         .find(|m| m.address == addr)
         .map(|m| m.state)
         .unwrap_or("absent")
+}
+
+/// Receipts (live and ended) of sessions whose first connect failed and that were bound again.
+fn rebound(st: &Status) -> Vec<&Receipt> {
+    st.bindings
+        .iter()
+        .map(|b| &b.receipt)
+        .chain(st.recent_outcomes.iter())
+        .filter(|r| !r.failed_attempts.is_empty())
+        .collect()
 }
 
 fn outcomes_of(st: &Status, addr: SocketAddr) -> Vec<Outcome> {
@@ -631,13 +641,7 @@ async fn refused_connects_rebind_elsewhere_and_count_against_the_member() {
     }
     let st = gw.status();
     assert_eq!(member_state(&st, closed), "dead");
-    let rebound: Vec<_> = st
-        .bindings
-        .iter()
-        .map(|b| &b.receipt)
-        .chain(st.recent_outcomes.iter())
-        .filter(|r| !r.failed_attempts.is_empty())
-        .collect();
+    let rebound = rebound(&st);
     assert_eq!(
         rebound.len(),
         2,
@@ -684,13 +688,7 @@ async fn a_connect_that_times_out_rebinds_elsewhere() {
         );
     }
     let st = gw.status();
-    let rebound: Vec<_> = st
-        .bindings
-        .iter()
-        .map(|b| &b.receipt)
-        .chain(st.recent_outcomes.iter())
-        .filter(|r| !r.failed_attempts.is_empty())
-        .collect();
+    let rebound = rebound(&st);
     // Round robin: each session tries the silent member, first or after the echo's turn.
     assert!(
         !rebound.is_empty(),
