@@ -371,6 +371,17 @@ fn resync(
 
 /// The members of `family` (a member of the other family has no place in this table: DNAT
 /// cannot translate between families).
+/// Member addresses of a family none of the tables is of: the kernel cannot send them
+/// anything.
+fn strays(
+    members: impl Iterator<Item = std::net::SocketAddr>,
+    families: &[Family],
+) -> std::collections::BTreeSet<std::net::SocketAddr> {
+    members
+        .filter(|a| !families.contains(&Family::of(a.ip())))
+        .collect()
+}
+
 fn member_views(snaps: Vec<MemberSnapshot>, family: Family) -> Vec<MemberView> {
     snaps
         .into_iter()
@@ -492,6 +503,8 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     // What was programmed last into each plane's table.
     let mut last: Vec<Option<Program>> = vec![None; planes.len()];
     let families: Vec<Family> = planes.iter().map(|p| p.settings.family).collect();
+    // Members (from an RSerPool pool) of a family no listener has, warned about once each.
+    let mut strays_warned = std::collections::BTreeSet::new();
     let mut last_lost_log: Option<Instant> = None;
     // A dump of the conntrack table: at start (sessions bound before a restart) and after
     // lost events, at most once a second.
@@ -541,6 +554,13 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                         Err(e) => tracing::warn!(error = %e, "dumping the conntrack table failed"),
                     }
                 }
+                let now_strays = shared.with(|core, now| {
+                    strays(core.member_snapshots(now).iter().map(|m| m.address), &families)
+                });
+                for a in now_strays.difference(&strays_warned) {
+                    tracing::warn!(member = %a, "member {a} gets no NAT session: no listener is of its family (DNAT cannot translate between IPv4 and IPv6; add a listener of that family)");
+                }
+                strays_warned = now_strays;
                 for (plane, last) in planes.iter().zip(last.iter_mut()) {
                     let settings = &plane.settings;
                     let next = shared.with(|core, now| {
@@ -1023,6 +1043,27 @@ mod tests {
                 &mut self.stats,
             );
         }
+    }
+
+    #[test]
+    fn members_of_a_family_no_table_has_are_strays() {
+        let a: std::net::SocketAddr = "10.0.0.2:80".parse().unwrap();
+        let b: std::net::SocketAddr = "[fd00::2]:80".parse().unwrap();
+        let c: std::net::SocketAddr = "10.0.0.3:80".parse().unwrap();
+        let all = [a, b, c];
+        assert_eq!(
+            strays(all.into_iter(), &[Family::V4])
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![b]
+        );
+        assert_eq!(
+            strays(all.into_iter(), &[Family::V6])
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![a, c]
+        );
+        assert!(strays(all.into_iter(), &[Family::V4, Family::V6]).is_empty());
     }
 
     #[test]
