@@ -842,7 +842,9 @@ impl Worker {
             Side::Member => &mut c.down,
         };
         from.mark(ev);
-        let reads = from.readable;
+        // Only an event about reading runs the direction from this socket: one that waits with
+        // data held is resumed by its destination's writable event instead.
+        let reads = ev.is_readable() || ev.is_read_closed() || ev.is_error();
         let writes = ev.is_writable() || ev.is_write_closed() || ev.is_error();
         let other = match side {
             Side::Client => Side::Member,
