@@ -124,7 +124,20 @@ pub fn parse_datagram(buf: &[u8]) -> Vec<Result<CtEvent, CtParseError>> {
 /// allocated per message, and only the attributes the receipts use are read (a decode into the
 /// owned types of `netlink-packet-netfilter` cost about a third of the gateway's CPU per
 /// connection under short-connection load). The tests check it against that full decode.
-pub fn parse_datagram_into(mut buf: &[u8], out: &mut Vec<Result<CtEvent, CtParseError>>) {
+pub fn parse_datagram_into(buf: &[u8], out: &mut Vec<Result<CtEvent, CtParseError>>) {
+    walk_messages(buf, out, |nb| {
+        event_in_place(nb.message_type(), nb.flags(), nb.payload())
+    });
+}
+
+/// Walks the netlink messages of one datagram: control messages (error, done, overrun) are
+/// skipped, every other one goes to `decode` and its result, if any, is appended to `out`; a
+/// message header that cannot be read ends the walk with an error.
+fn walk_messages(
+    mut buf: &[u8],
+    out: &mut Vec<Result<CtEvent, CtParseError>>,
+    mut decode: impl FnMut(&NetlinkBuffer<&[u8]>) -> Result<Option<CtEvent>, CtParseError>,
+) {
     while buf.len() >= 16 {
         let nb = match NetlinkBuffer::new_checked(buf) {
             Ok(b) => b,
@@ -133,19 +146,15 @@ pub fn parse_datagram_into(mut buf: &[u8], out: &mut Vec<Result<CtEvent, CtParse
                 break;
             }
         };
-        let len = nb.length() as usize;
-        let aligned = (len + 3) & !3;
-        let msg_type = nb.message_type();
-        let flags = nb.flags();
+        let aligned = (nb.length() as usize + 3) & !3;
         let next = &buf[aligned.min(buf.len())..];
-        if matches!(msg_type, NLMSG_ERROR | NLMSG_DONE | NLMSG_OVERRUN) || msg_type < 16 {
-            buf = next;
-            continue;
-        }
-        match event_in_place(msg_type, flags, nb.payload()) {
-            Ok(Some(e)) => out.push(Ok(e)),
-            Ok(None) => {}
-            Err(e) => out.push(Err(e)),
+        let msg_type = nb.message_type();
+        if !matches!(msg_type, NLMSG_ERROR | NLMSG_DONE | NLMSG_OVERRUN) && msg_type >= 16 {
+            match decode(&nb) {
+                Ok(Some(e)) => out.push(Ok(e)),
+                Ok(None) => {}
+                Err(e) => out.push(Err(e)),
+            }
         }
         buf = next;
     }
@@ -645,40 +654,15 @@ mod tests {
         use netlink_packet_netfilter::conntrack::{Protocol as CtProto, Status};
         use netlink_packet_netfilter::NetfilterMessageInner;
 
-        pub(super) fn reference_parse(mut buf: &[u8]) -> Vec<Result<CtEvent, CtParseError>> {
+        pub(super) fn reference_parse(buf: &[u8]) -> Vec<Result<CtEvent, CtParseError>> {
             let mut out = Vec::new();
-            while buf.len() >= 16 {
-                let nb = match NetlinkBuffer::new_checked(buf) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        out.push(Err(CtParseError::Malformed(e.to_string())));
-                        break;
-                    }
-                };
-                let len = nb.length() as usize;
-                let aligned = (len + 3) & !3;
-                let msg_type = nb.message_type();
-                if matches!(msg_type, NLMSG_ERROR | NLMSG_DONE | NLMSG_OVERRUN) || msg_type < 16 {
-                    buf = &buf[aligned.min(buf.len())..];
-                    continue;
-                }
-                let header = match NetlinkHeader::parse(&nb) {
-                    Ok(h) => h,
-                    Err(e) => {
-                        out.push(Err(CtParseError::Malformed(e.to_string())));
-                        break;
-                    }
-                };
-                match NetfilterMessage::deserialize(&header, nb.payload()) {
-                    Ok(m) => match event(&header, m) {
-                        Ok(Some(e)) => out.push(Ok(e)),
-                        Ok(None) => {}
-                        Err(e) => out.push(Err(e)),
-                    },
-                    Err(e) => out.push(Err(CtParseError::Malformed(e.to_string()))),
-                }
-                buf = &buf[aligned.min(buf.len())..];
-            }
+            walk_messages(buf, &mut out, |nb| {
+                let header =
+                    NetlinkHeader::parse(nb).map_err(|e| CtParseError::Malformed(e.to_string()))?;
+                let m = NetfilterMessage::deserialize(&header, nb.payload())
+                    .map_err(|e| CtParseError::Malformed(e.to_string()))?;
+                event(&header, m)
+            });
             out
         }
 
