@@ -1085,72 +1085,74 @@ impl World {
     pub(super) fn audit_sessions(&mut self) {
         self.stats.checks += 1;
         let now = self.now;
-        let mut broken = None;
-        'all: for (k, p) in self.pus.iter().enumerate() {
-            for s in p.sessions.iter().flatten() {
-                if let Some(since) = s.moving_since {
-                    if now > since + SESSION_MOVE_BOUND {
-                        let msg = format!(
-                            "PU{k} session S{} has had no PE since {since:?} ({:?})",
-                            s.no,
-                            s.core.receipt()
-                        );
-                        broken = Some(msg);
-                        break 'all;
-                    }
-                } else if let (true, Client::CalcApp(_)) = (s.core.is_bound(), &s.client) {
-                    // A running job hears from its PE (keep-alives, answers) or fails over
-                    // within the client's keep-alive interval plus its timeout.
-                    let c = CalcAppClientConfig::default();
-                    let bound =
-                        (c.keep_alive_interval + c.keep_alive_timeout).mul_f64(1.05) + PING_SLACK;
-                    if let Some(job) = s.jobs.current {
-                        if now > s.last_progress + bound {
-                            let msg = format!(
-                                "PU{k} session S{}: CalcApp job {job} on {:?} heard nothing since {:?} (now {now:?})",
-                                s.no,
-                                s.core.current_pe(),
-                                s.last_progress
-                            );
-                            broken = Some(msg);
-                            break 'all;
-                        }
-                    }
-                } else if let (true, Client::PingPong(client)) = (s.core.is_bound(), &s.client) {
-                    let bound =
-                        PingPongClientConfig::default().reply_timeout.mul_f64(1.05) + PING_SLACK;
-                    if now > s.last_progress + bound {
-                        let msg = format!(
-                            "PU{k} session S{}: bound to {:?}, nothing sent or answered since {:?} (now {now:?})",
-                            s.no,
-                            s.core.current_pe(),
-                            s.last_progress
-                        );
-                        broken = Some(msg);
-                        break 'all;
-                    }
-                    if let Some((m, t)) = client
-                        .outstanding()
-                        .filter_map(|m| s.sent.get(&m).map(|t| (m, *t)))
-                        .find(|(_, t)| now > *t + bound)
-                    {
-                        let msg = format!(
-                            "PU{k} session S{}: Ping {m} sent at {t:?} to {:?} is neither answered nor failed over by {now:?}",
-                            s.no,
-                            s.core.current_pe()
-                        );
-                        broken = Some(msg);
-                        break 'all;
-                    }
-                }
-            }
-        }
+        let broken = self.pus.iter().enumerate().find_map(|(k, p)| {
+            p.sessions
+                .iter()
+                .flatten()
+                .find_map(|s| session_stall(k, s, now))
+        });
         if let Some(msg) = broken {
             self.fail("session_progress", msg);
             return;
         }
         self.schedule(now + Duration::from_secs(1), Ev::SessionAudit);
         self.request_failovers();
+    }
+}
+
+/// Why session `s` of PU `k` has stopped making progress at `now`, if it has: no PE for longer
+/// than [`SESSION_MOVE_BOUND`], a CalcApp job that heard nothing within the client's keep-alive
+/// interval plus its timeout, or a PingPong session with nothing sent or answered, or a Ping
+/// neither answered nor failed over, within the reply timeout.
+fn session_stall(k: usize, s: &SimSession, now: Duration) -> Option<String> {
+    if let Some(since) = s.moving_since {
+        return (now > since + SESSION_MOVE_BOUND).then(|| {
+            format!(
+                "PU{k} session S{} has had no PE since {since:?} ({:?})",
+                s.no,
+                s.core.receipt()
+            )
+        });
+    }
+    if !s.core.is_bound() {
+        return None;
+    }
+    match &s.client {
+        Client::CalcApp(_) => {
+            let c = CalcAppClientConfig::default();
+            let bound = (c.keep_alive_interval + c.keep_alive_timeout).mul_f64(1.05) + PING_SLACK;
+            let job = s.jobs.current?;
+            (now > s.last_progress + bound).then(|| {
+                format!(
+                    "PU{k} session S{}: CalcApp job {job} on {:?} heard nothing since {:?} (now {now:?})",
+                    s.no,
+                    s.core.current_pe(),
+                    s.last_progress
+                )
+            })
+        }
+        Client::PingPong(client) => {
+            let bound = PingPongClientConfig::default().reply_timeout.mul_f64(1.05) + PING_SLACK;
+            if now > s.last_progress + bound {
+                return Some(format!(
+                    "PU{k} session S{}: bound to {:?}, nothing sent or answered since {:?} (now {now:?})",
+                    s.no,
+                    s.core.current_pe(),
+                    s.last_progress
+                ));
+            }
+            client
+                .outstanding()
+                .filter_map(|m| s.sent.get(&m).map(|t| (m, *t)))
+                .find(|(_, t)| now > *t + bound)
+                .map(|(m, t)| {
+                    format!(
+                        "PU{k} session S{}: Ping {m} sent at {t:?} to {:?} is neither answered nor failed over by {now:?}",
+                        s.no,
+                        s.core.current_pe()
+                    )
+                })
+        }
     }
 }
 
