@@ -599,21 +599,7 @@ pub fn dump(
     let mut req = vec![0u8; msg.buffer_len()];
     msg.serialize(&mut req);
     socket.send(&req, 0)?;
-    let fd = socket.as_raw_fd();
-    let tv = libc::timeval {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: setsockopt on a socket we own with a correctly sized timeval.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
+    set_receive_timeout(socket.as_raw_fd(), timeout);
     let mut out = Vec::new();
     let mut buf = Vec::with_capacity(1 << 16);
     loop {
@@ -637,6 +623,144 @@ pub fn dump(
         }
     }
     Ok(out)
+}
+
+/// A connection to remove from conntrack: its original tuple and, when known, conntrack's id
+/// for it (so that a newer connection that reuses the tuple is left alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Removal {
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// The client (original source).
+    pub client: SocketAddr,
+    /// The virtual address (original destination).
+    pub virtual_address: SocketAddr,
+    /// Conntrack's id (`CTA_ID`), from the connection's events.
+    pub id: Option<u32>,
+}
+
+/// The netlink request that deletes `r` (`IPCTNL_MSG_CT_DELETE` with the original tuple and
+/// the id), asking for an acknowledgement; `seq` numbers it. The kernel answers ENOENT when
+/// no connection has that tuple, or one with another id has.
+pub fn removal_request(r: &Removal, seq: u32) -> Vec<u8> {
+    use netlink_packet_core::{DefaultNla, NetlinkMessage};
+    use netlink_packet_netfilter::conntrack::{
+        ConntrackAttribute, IPTuple, ProtoTuple, Protocol as CtProto, Tuple,
+    };
+    use netlink_packet_netfilter::{NetfilterHeader, NetfilterProtoFamily};
+    const NLM_F_REQUEST: u16 = 1;
+    const NLM_F_ACK: u16 = 4;
+    let family = match r.client.ip() {
+        IpAddr::V4(_) => NetfilterProtoFamily::IPv4,
+        IpAddr::V6(_) => NetfilterProtoFamily::IPv6,
+    };
+    let mut attributes = vec![ConntrackAttribute::CtaTupleOrig(vec![
+        Tuple::Ip(vec![
+            IPTuple::SourceAddress(r.client.ip()),
+            IPTuple::DestinationAddress(r.virtual_address.ip()),
+        ]),
+        Tuple::Proto(vec![
+            ProtoTuple::Protocol(match r.protocol {
+                Protocol::Tcp => CtProto::Tcp,
+                Protocol::Udp => CtProto::Udp,
+            }),
+            ProtoTuple::SourcePort(r.client.port()),
+            ProtoTuple::DestinationPort(r.virtual_address.port()),
+        ]),
+    ])];
+    if let Some(id) = r.id {
+        attributes.push(ConntrackAttribute::Other(DefaultNla::new(
+            CTA_ID,
+            id.to_be_bytes().to_vec(),
+        )));
+    }
+    let nf = NetfilterMessage::new(
+        NetfilterHeader::new(family, 0, 0),
+        ConntrackMessage::Delete(attributes),
+    );
+    let mut msg = NetlinkMessage::from(nf);
+    msg.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    msg.header.sequence_number = seq;
+    msg.finalize();
+    msg.header.message_type = (1u16 << 8) | IPCTNL_MSG_CT_DELETE;
+    let mut out = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut out);
+    out
+}
+
+/// What [`remove`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Connections deleted.
+    pub deleted: usize,
+    /// Connections already gone (ended meanwhile, or the tuple now belongs to a newer one).
+    pub gone: usize,
+}
+
+/// Deletes connections from conntrack, each by its original tuple and id, and waits for the
+/// kernel's answer to each (up to `timeout` for each read). The connection's DESTROY event
+/// follows on the event socket as for any other end.
+pub fn remove(removals: &[Removal], timeout: std::time::Duration) -> std::io::Result<Removed> {
+    let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
+    set_receive_timeout(socket.as_raw_fd(), timeout);
+    let mut done = Removed::default();
+    let mut buf = Vec::with_capacity(1 << 16);
+    // A few dozen requests per datagram; each is answered by one error message (0: deleted).
+    for (n, chunk) in removals.chunks(64).enumerate() {
+        let mut req = Vec::new();
+        for (i, r) in chunk.iter().enumerate() {
+            req.extend(removal_request(r, (n * 64 + i + 1) as u32));
+        }
+        socket.send(&req, 0)?;
+        let mut answered = 0;
+        while answered < chunk.len() {
+            buf.clear();
+            socket.recv(&mut buf, 0)?;
+            let mut rest: &[u8] = &buf;
+            while rest.len() >= 16 {
+                let Ok(nb) = NetlinkBuffer::new_checked(rest) else {
+                    break;
+                };
+                if nb.message_type() == NLMSG_ERROR {
+                    answered += 1;
+                    let p = nb.payload();
+                    let code = p
+                        .get(..4)
+                        .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                    if code == 0 {
+                        done.deleted += 1;
+                    } else if code == -libc::ENOENT {
+                        done.gone += 1;
+                    } else {
+                        return Err(std::io::Error::from_raw_os_error(-code));
+                    }
+                }
+                let aligned = ((nb.length() as usize) + 3) & !3;
+                rest = &rest[aligned.min(rest.len())..];
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Sets `SO_RCVTIMEO` on a socket we own.
+fn set_receive_timeout(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt on a socket we own with a correctly sized timeval.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
 }
 
 #[cfg(test)]
@@ -938,6 +1062,39 @@ mod tests {
         assert!(e.seen_reply);
         assert_eq!(e.tcp_state, Some(tcp_state::FIN_WAIT));
         assert_eq!(e.client_closed_first, Some(true));
+    }
+
+    #[test]
+    fn a_removal_request_names_the_tuple_and_the_id_and_asks_for_an_answer() {
+        // The request is the message a DESTROY event is (same type and tuple layout): our own
+        // decoder reads back what was asked, for both families and protocols.
+        for (protocol, client, vip, id) in [
+            (
+                Protocol::Tcp,
+                "10.0.1.1:40000",
+                "10.0.1.2:8080",
+                Some(0xdead_beef),
+            ),
+            (Protocol::Udp, "[fd00::1]:5353", "[fd00::2]:53", None),
+        ] {
+            let r = Removal {
+                protocol,
+                client: client.parse().unwrap(),
+                virtual_address: vip.parse().unwrap(),
+                id,
+            };
+            let req = removal_request(&r, 7);
+            let nb = NetlinkBuffer::new_checked(&req[..]).unwrap();
+            assert_eq!(nb.message_type(), (1 << 8) | IPCTNL_MSG_CT_DELETE);
+            assert_eq!(nb.flags(), 1 | 4, "NLM_F_REQUEST | NLM_F_ACK");
+            assert_eq!(nb.sequence_number(), 7);
+            let e = parse_datagram(&req).pop().unwrap().unwrap();
+            assert_eq!(e.kind, CtKind::Destroy);
+            assert_eq!(
+                (e.protocol, e.client, e.virtual_address, e.id),
+                (r.protocol, r.client, r.virtual_address, r.id)
+            );
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod filter;
 pub mod plan;
 
 use crate::config::{Config, NatConfig};
+use crate::core::member::Health;
 use crate::core::receipt::{Outcome, Side};
 use crate::core::{
     CoreConfig, FlowKey, Gateway, MemberSnapshot, Protocol, SessionId, Time, Traffic,
@@ -28,7 +29,7 @@ use crate::core::{
 use crate::driver::Shared;
 use conntrack::{tcp_state, CtEvent, CtKind};
 use plan::{Family, MemberView, NatListener, Program, TableSettings};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -283,6 +284,7 @@ pub struct Stats {
     map_failures: u64,
     resyncs: u64,
     ended_unobserved: u64,
+    removed_dead: u64,
 }
 
 impl Stats {
@@ -306,6 +308,7 @@ impl Stats {
             ("map_failures_total", "Weight maps nftables refused (the table is then programmed afresh).", self.map_failures),
             ("resyncs_total", "Conntrack table dumps read (at start and after lost events).", self.resyncs),
             ("sessions_ended_unobserved_total", "Sessions conntrack forgot while events were lost (outcome unknown).", self.ended_unobserved),
+            ("sessions_removed_dead_total", "Sessions of members judged dead removed from conntrack (TCP ones the member never answered, UDP flows), so that the client's next packet is chosen anew.", self.removed_dead),
         ] {
             m.counter(&format!("rserpool_lsnat_nat_{name}"), help, value);
         }
@@ -316,9 +319,42 @@ impl Stats {
 struct Tracked {
     id: SessionId,
     since: Time,
+    /// The member the kernel translated to.
+    member: SocketAddr,
+    /// Conntrack's id for the connection (from its events).
+    ct_id: Option<u32>,
     reached: bool,
     half_closed: bool,
     tcp_state: Option<u8>,
+    /// The gateway removed it from conntrack: its member was judged dead.
+    removed: bool,
+}
+
+/// The sessions of members judged dead that conntrack should forget, marked as removed: TCP
+/// sessions the member never answered (the client's SYN retransmission then finds no entry
+/// and is chosen anew by the map, which no longer has the member; an entry would hold it to
+/// the dead member for conntrack's SYN_SENT timeout, 120 s) and UDP flows (each datagram
+/// would otherwise keep the flow on the dead member). Answered TCP sessions are left to end
+/// in conntrack: removing one would not move it, only have its next packet reset.
+fn removals(
+    tracked: &mut HashMap<FlowKey, Tracked>,
+    dead: &HashSet<SocketAddr>,
+) -> Vec<conntrack::Removal> {
+    tracked
+        .iter_mut()
+        .filter(|(f, t)| {
+            !t.removed && dead.contains(&t.member) && (f.protocol == Protocol::Udp || !t.reached)
+        })
+        .map(|(f, t)| {
+            t.removed = true;
+            conntrack::Removal {
+                protocol: f.protocol,
+                client: f.client,
+                virtual_address: f.virtual_address,
+                id: t.ct_id,
+            }
+        })
+        .collect()
 }
 
 /// After lost events: sessions conntrack no longer has (and that began before the dump) ended
@@ -382,9 +418,9 @@ fn strays(
         .collect()
 }
 
-fn member_views(snaps: Vec<MemberSnapshot>, family: Family) -> Vec<MemberView> {
+fn member_views(snaps: &[MemberSnapshot], family: Family) -> Vec<MemberView> {
     snaps
-        .into_iter()
+        .iter()
         .filter(|m| Family::of(m.address.ip()) == family)
         .map(|m| MemberView {
             id: m.id,
@@ -400,18 +436,18 @@ fn member_views(snaps: Vec<MemberSnapshot>, family: Family) -> Vec<MemberView> {
         .collect()
 }
 
-/// The program of one family's table for the core's state now.
+/// The program of one family's table for the members as the core sees them now.
 fn program(
-    core: &Gateway,
-    now: Time,
+    policy: crate::core::policy::LoadSharePolicy,
+    members: &[MemberSnapshot],
     listeners: &[NatListener],
     max_slots: u32,
     family: Family,
 ) -> Program {
     Program::new(
-        core.config().policy,
+        policy,
         listeners.to_vec(),
-        member_views(core.member_snapshots(now), family),
+        member_views(members, family),
         max_slots,
     )
 }
@@ -509,6 +545,8 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     // A dump of the conntrack table: at start (sessions bound before a restart) and after
     // lost events, at most once a second.
     let mut resync_due = true;
+    // Members judged dead, and how many passes have looked for their sessions to remove.
+    let mut dead_passes: HashMap<SocketAddr, u8> = HashMap::new();
     let mut last_resync: Option<Instant> = None;
     let ours = |flow: &FlowKey| {
         planes
@@ -554,18 +592,17 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                         Err(e) => tracing::warn!(error = %e, "dumping the conntrack table failed"),
                     }
                 }
-                let now_strays = shared.with(|core, now| {
-                    strays(core.member_snapshots(now).iter().map(|m| m.address), &families)
-                });
+                // The members as the core sees them now: for the warnings, the maps and the
+                // removal of dead members' sessions.
+                let members = shared.with(|core, now| core.member_snapshots(now));
+                let now_strays = strays(members.iter().map(|m| m.address), &families);
                 for a in now_strays.difference(&strays_warned) {
                     tracing::warn!(member = %a, "member {a} gets no NAT session: no listener is of its family (DNAT cannot translate between IPv4 and IPv6; add a listener of that family)");
                 }
                 strays_warned = now_strays;
                 for (plane, last) in planes.iter().zip(last.iter_mut()) {
                     let settings = &plane.settings;
-                    let next = shared.with(|core, now| {
-                        program(core, now, &plane.listeners, settings.max_slots, settings.family)
-                    });
+                    let next = program(policy, &members, &plane.listeners, settings.max_slots, settings.family);
                     if last.as_ref().is_some_and(|p| same_rules(p, &next)) {
                         continue;
                     }
@@ -590,6 +627,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
                         }
                     }
                 }
+                remove_dead_sessions(&members, &mut dead_passes, &mut tracked, &mut stats).await;
             }
             ready = async {
                 match &mut events {
@@ -722,6 +760,65 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     tracing::info!(?stats, "NAT data plane stopped");
 }
 
+/// Once the maps no longer hold a member judged dead, conntrack forgets its unanswered
+/// sessions and UDP flows ([`removals`]): the clients' next packets are chosen anew. Two
+/// passes per death: the second takes the sessions the kernel bound before the map changed
+/// whose events were read after the first.
+async fn remove_dead_sessions(
+    members: &[MemberSnapshot],
+    passes: &mut HashMap<SocketAddr, u8>,
+    tracked: &mut HashMap<FlowKey, Tracked>,
+    stats: &mut Stats,
+) {
+    let dead = |m: &&MemberSnapshot| m.health == Health::Dead;
+    passes.retain(|a, _| members.iter().filter(dead).any(|m| m.address == *a));
+    let due: HashSet<SocketAddr> = members
+        .iter()
+        .filter(dead)
+        .map(|m| m.address)
+        .filter(|a| passes.get(a).copied().unwrap_or(0) < 2)
+        .collect();
+    for a in &due {
+        *passes.entry(*a).or_insert(0) += 1;
+    }
+    let list = removals(tracked, &due);
+    if list.is_empty() {
+        return;
+    }
+    let asked = list.len();
+    let (result, list) = tokio::task::spawn_blocking(move || {
+        (conntrack::remove(&list, Duration::from_secs(1)), list)
+    })
+    .await
+    .unwrap_or_else(|e| (Err(std::io::Error::other(e.to_string())), Vec::new()));
+    match result {
+        Ok(done) => {
+            stats.removed_dead += done.deleted as u64;
+            tracing::info!(
+                members = ?due,
+                asked,
+                removed = done.deleted,
+                already_gone = done.gone,
+                "sessions of members judged dead removed from conntrack (unanswered TCP, UDP flows): the clients' next packets are chosen anew"
+            );
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, asked, "removing dead members' sessions from conntrack failed; the next pass tries again, else they stay until conntrack's timeouts");
+            // Not removed: their receipts must not say so.
+            for r in list {
+                let flow = FlowKey {
+                    protocol: r.protocol,
+                    client: r.client,
+                    virtual_address: r.virtual_address,
+                };
+                if let Some(t) = tracked.get_mut(&flow) {
+                    t.removed = false;
+                }
+            }
+        }
+    }
+}
+
 /// The conntrack event socket, read when readable or on a tick (`nat.event-interval`).
 enum EventSocket {
     Ready(tokio::io::unix::AsyncFd<conntrack::Subscription>),
@@ -831,9 +928,12 @@ fn handle(
                     Tracked {
                         id,
                         since: now,
+                        member,
+                        ct_id: e.id,
                         reached: false,
                         half_closed: false,
                         tcp_state: None,
+                        removed: false,
                     },
                 );
             }
@@ -848,6 +948,9 @@ fn handle(
     };
     if let Some(s) = e.tcp_state {
         t.tcp_state = Some(s);
+    }
+    if t.ct_id.is_none() {
+        t.ct_id = e.id;
     }
     let answered = match e.protocol {
         // The member's SYN-ACK moves conntrack past SYN_SENT; a RST answer goes to CLOSE
@@ -904,6 +1007,18 @@ fn handle(
             packets: to_client.packets,
         },
     );
+    if t.removed {
+        let outcome = match (e.protocol, t.reached) {
+            (Protocol::Tcp, false) => Outcome::ConnectFailed {
+                reason: "no answer before the member was judged dead; removed from conntrack so that the client's next SYN is chosen anew".into(),
+            },
+            _ => Outcome::MemberLost {
+                reason: "member judged dead; flow removed from conntrack so that the client's next datagram is chosen anew".into(),
+            },
+        };
+        core.closed(now, t.id, outcome);
+        return;
+    }
     match e.protocol {
         Protocol::Tcp => match t.tcp_state {
             Some(tcp_state::TIME_WAIT | tcp_state::LAST_ACK) => {
@@ -1220,6 +1335,76 @@ mod tests {
     }
 
     #[test]
+    fn a_dead_members_unanswered_sessions_and_udp_flows_are_removed_from_conntrack() {
+        let mut h = Harness::new();
+        let dead: HashSet<SocketAddr> = ["10.0.2.3:7000".parse().unwrap()].into();
+        let with_id = |mut e: CtEvent, id: u32| {
+            e.id = Some(id);
+            e
+        };
+        // 40001: SYN to the member that dies, never answered.
+        h.feed(0, with_id(ev(CtKind::New, 40001, "10.0.2.3:7000"), 11));
+        // 40002: answered (handshake done) before it died: left to end in conntrack.
+        h.feed(0, with_id(ev(CtKind::New, 40002, "10.0.2.3:7000"), 12));
+        let mut e = ev(CtKind::Update, 40002, "10.0.2.3:7000");
+        e.assured = true;
+        e.tcp_state = Some(tcp_state::ESTABLISHED);
+        h.feed(1, e);
+        // 5000: a UDP flow the member answered.
+        let mut u = with_id(ev(CtKind::New, 5000, "10.0.2.3:7000"), 13);
+        u.protocol = Protocol::Udp;
+        u.tcp_state = None;
+        h.feed(2, u.clone());
+        u.kind = CtKind::Update;
+        u.seen_reply = true;
+        h.feed(3, u.clone());
+        // 40003: unanswered, but to the live member.
+        h.feed(4, with_id(ev(CtKind::New, 40003, "10.0.2.2:7000"), 14));
+
+        let mut got = removals(&mut h.tracked, &dead);
+        got.sort_by_key(|r| r.client.port());
+        let vip: SocketAddr = VIP.parse().unwrap();
+        assert_eq!(
+            got,
+            vec![
+                conntrack::Removal {
+                    protocol: Protocol::Udp,
+                    client: "10.0.1.1:5000".parse().unwrap(),
+                    virtual_address: vip,
+                    id: Some(13),
+                },
+                conntrack::Removal {
+                    protocol: Protocol::Tcp,
+                    client: "10.0.1.1:40001".parse().unwrap(),
+                    virtual_address: vip,
+                    id: Some(11),
+                },
+            ]
+        );
+        // Asked once: a second pass finds nothing more.
+        assert!(removals(&mut h.tracked, &dead).is_empty());
+        // Their DESTROY events (the deletion) end them with a receipt that says why.
+        let mut d = ev(CtKind::Destroy, 40001, "10.0.2.3:7000");
+        d.tcp_state = Some(tcp_state::SYN_SENT);
+        h.feed(500, d);
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert!(
+            matches!(&r.outcome, Some(Outcome::ConnectFailed { reason }) if reason.contains("judged dead")),
+            "{:?}",
+            r.outcome
+        );
+        u.kind = CtKind::Destroy;
+        h.feed(501, u);
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert!(
+            matches!(&r.outcome, Some(Outcome::MemberLost { reason }) if reason.contains("judged dead")),
+            "{:?}",
+            r.outcome
+        );
+        assert_eq!(h.tracked.len(), 2, "40002 and 40003 are still tracked");
+    }
+
+    #[test]
     fn a_reset_after_the_answer_is_recorded_without_a_side() {
         let mut h = Harness::new();
         h.feed(0, ev(CtKind::New, 40010, "10.0.2.2:7000"));
@@ -1329,11 +1514,23 @@ mod tests {
             address: "[fd00:231:1::2]:8080".parse().unwrap(),
             protocol: Protocol::Tcp,
         }];
-        let p6 = program(&core, Duration::ZERO, &l6, 256, Family::V6);
+        let p6 = program(
+            core.config().policy,
+            &core.member_snapshots(Duration::ZERO),
+            &l6,
+            256,
+            Family::V6,
+        );
         let addrs: Vec<String> = p6.members.iter().map(|m| m.address.to_string()).collect();
         assert_eq!(addrs, ["[fd00:231:2::2]:7000", "[fd00:231:2::3]:7000"]);
         assert_eq!(p6.map.slots.len(), 2);
-        let p4 = program(&core, Duration::ZERO, &[], 256, Family::V4);
+        let p4 = program(
+            core.config().policy,
+            &core.member_snapshots(Duration::ZERO),
+            &[],
+            256,
+            Family::V4,
+        );
         assert_eq!(p4.members.len(), 1);
         // An IPv6 session from NEW to DESTROY.
         let vip: SocketAddr = "[fd00:231:1::2]:8080".parse().unwrap();
@@ -1407,7 +1604,13 @@ mod tests {
             address: "10.0.1.2:8080".parse().unwrap(),
             protocol: Protocol::Tcp,
         }];
-        let p = program(&h.core, Duration::ZERO, &l, 256, Family::V4);
+        let p = program(
+            h.core.config().policy,
+            &h.core.member_snapshots(Duration::ZERO),
+            &l,
+            256,
+            Family::V4,
+        );
         assert_eq!(p.map.slots.len(), 2);
         assert_eq!(p.map.fidelity, plan::Fidelity::Exact);
         let m = h.core.member_id("10.0.2.3:7000").unwrap();
@@ -1418,7 +1621,13 @@ mod tests {
                 Err("connection refused".to_string()),
             );
         }
-        let p2 = program(&h.core, Duration::from_millis(10), &l, 256, Family::V4);
+        let p2 = program(
+            h.core.config().policy,
+            &h.core.member_snapshots(Duration::from_millis(10)),
+            &l,
+            256,
+            Family::V4,
+        );
         assert_eq!(
             p2.map.slots,
             vec![h.core.member_id("10.0.2.2:7000").unwrap()]
@@ -1467,7 +1676,7 @@ mod stats_tests {
         assert!(out.contains("\nrserpool_lsnat_nat_events_total 6\n"));
         assert!(out.contains("\nrserpool_lsnat_nat_events_lost_total 1\n"));
         assert!(out.contains("\nrserpool_lsnat_nat_resyncs_total 0\n"));
-        assert_eq!(out.lines().filter(|l| !l.starts_with('#')).count(), 10);
+        assert_eq!(out.lines().filter(|l| !l.starts_with('#')).count(), 11);
     }
 }
 
