@@ -689,12 +689,13 @@ pub fn removal_request(r: &Removal, seq: u32) -> Vec<u8> {
 }
 
 /// What [`remove`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Removed {
     /// Connections deleted.
     pub deleted: usize,
-    /// Connections already gone (ended meanwhile, or the tuple now belongs to a newer one).
-    pub gone: usize,
+    /// Connections already gone: ended meanwhile (an expired one is reaped by the lookup and
+    /// its DESTROY event follows as usual), or the tuple now belongs to a newer one.
+    pub gone: Vec<Removal>,
 }
 
 /// Deletes connections from conntrack, each by its original tuple and id, and waits for the
@@ -732,7 +733,11 @@ pub fn remove(removals: &[Removal], timeout: std::time::Duration) -> std::io::Re
                     if code == 0 {
                         done.deleted += 1;
                     } else if code == -libc::ENOENT {
-                        done.gone += 1;
+                        // The answer carries the request's number.
+                        let i = (nb.sequence_number() as usize).wrapping_sub(n * 64 + 1);
+                        if let Some(r) = chunk.get(i) {
+                            done.gone.push(*r);
+                        }
                     } else {
                         return Err(std::io::Error::from_raw_os_error(-code));
                     }

@@ -791,30 +791,34 @@ async fn remove_dead_sessions(
     })
     .await
     .unwrap_or_else(|e| (Err(std::io::Error::other(e.to_string())), Vec::new()));
+    // Sessions not removed by us: their receipts must not say they were.
+    let mut not_removed = |rs: &[conntrack::Removal]| {
+        for r in rs {
+            let flow = FlowKey {
+                protocol: r.protocol,
+                client: r.client,
+                virtual_address: r.virtual_address,
+            };
+            if let Some(t) = tracked.get_mut(&flow) {
+                t.removed = false;
+            }
+        }
+    };
     match result {
         Ok(done) => {
             stats.removed_dead += done.deleted as u64;
+            not_removed(&done.gone);
             tracing::info!(
                 members = ?due,
                 asked,
                 removed = done.deleted,
-                already_gone = done.gone,
+                already_gone = done.gone.len(),
                 "sessions of members judged dead removed from conntrack (unanswered TCP, UDP flows): the clients' next packets are chosen anew"
             );
         }
         Err(e) => {
             tracing::warn!(error = %e, asked, "removing dead members' sessions from conntrack failed; the next pass tries again, else they stay until conntrack's timeouts");
-            // Not removed: their receipts must not say so.
-            for r in list {
-                let flow = FlowKey {
-                    protocol: r.protocol,
-                    client: r.client,
-                    virtual_address: r.virtual_address,
-                };
-                if let Some(t) = tracked.get_mut(&flow) {
-                    t.removed = false;
-                }
-            }
+            not_removed(&list);
         }
     }
 }
