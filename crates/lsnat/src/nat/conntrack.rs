@@ -489,21 +489,7 @@ impl Subscription {
         socket.add_membership(GROUP_DESTROY)?;
         let s = Subscription { socket };
         s.set_buffer(rcvbuf);
-        let fd = s.socket.as_raw_fd();
-        let tv = libc::timeval {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-        };
-        // SAFETY: setsockopt on a socket we own, with a correctly sized timeval.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const libc::timeval as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-        }
+        set_receive_timeout(s.socket.as_raw_fd(), timeout);
         Ok(s)
     }
 
