@@ -694,11 +694,14 @@ pub fn remove(removals: &[Removal], timeout: std::time::Duration) -> std::io::Re
     set_receive_timeout(socket.as_raw_fd(), timeout);
     let mut done = Removed::default();
     let mut buf = Vec::with_capacity(1 << 16);
-    // A few dozen requests per datagram; each is answered by one error message (0: deleted).
-    for (n, chunk) in removals.chunks(64).enumerate() {
+    // A few dozen requests per datagram; each is answered by one error message (0: deleted)
+    // that carries the request's number.
+    const PER_DATAGRAM: usize = 64;
+    let number = |chunk: usize, i: usize| (chunk * PER_DATAGRAM + i + 1) as u32;
+    for (n, chunk) in removals.chunks(PER_DATAGRAM).enumerate() {
         let mut req = Vec::new();
         for (i, r) in chunk.iter().enumerate() {
-            req.extend(removal_request(r, (n * 64 + i + 1) as u32));
+            req.extend(removal_request(r, number(n, i)));
         }
         socket.send(&req, 0)?;
         let mut answered = 0;
@@ -719,8 +722,7 @@ pub fn remove(removals: &[Removal], timeout: std::time::Duration) -> std::io::Re
                     if code == 0 {
                         done.deleted += 1;
                     } else if code == -libc::ENOENT {
-                        // The answer carries the request's number.
-                        let i = (nb.sequence_number() as usize).wrapping_sub(n * 64 + 1);
+                        let i = nb.sequence_number().wrapping_sub(number(n, 0)) as usize;
                         if let Some(r) = chunk.get(i) {
                             done.gone.push(*r);
                         }
