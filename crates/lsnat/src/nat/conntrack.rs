@@ -563,9 +563,7 @@ pub fn dump(
     const NLM_F_REQUEST: u16 = 1;
     const NLM_F_DUMP: u16 = 0x300;
     const IPCTNL_MSG_CT_GET: u16 = 1;
-    let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
+    let socket = request_socket(timeout)?;
     let nf = NetfilterMessage::new(
         NetfilterHeader::new(
             match family {
@@ -585,7 +583,6 @@ pub fn dump(
     let mut req = vec![0u8; msg.buffer_len()];
     msg.serialize(&mut req);
     socket.send(&req, 0)?;
-    set_receive_timeout(socket.as_raw_fd(), timeout);
     let mut out = Vec::new();
     let mut buf = Vec::with_capacity(1 << 16);
     loop {
@@ -688,10 +685,7 @@ pub struct Removed {
 /// kernel's answer to each (up to `timeout` for each read). The connection's DESTROY event
 /// follows on the event socket as for any other end.
 pub fn remove(removals: &[Removal], timeout: std::time::Duration) -> std::io::Result<Removed> {
-    let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
-    set_receive_timeout(socket.as_raw_fd(), timeout);
+    let socket = request_socket(timeout)?;
     let mut done = Removed::default();
     let mut buf = Vec::with_capacity(1 << 16);
     // A few dozen requests per datagram; each is answered by one error message (0: deleted)
@@ -736,6 +730,16 @@ pub fn remove(removals: &[Removal], timeout: std::time::Duration) -> std::io::Re
         }
     }
     Ok(done)
+}
+
+/// A ctnetlink socket for requests to the kernel (dump, delete), each read waiting at most
+/// `timeout`.
+fn request_socket(timeout: std::time::Duration) -> std::io::Result<netlink_sys::Socket> {
+    let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
+    set_receive_timeout(socket.as_raw_fd(), timeout);
+    Ok(socket)
 }
 
 /// Sets `SO_RCVTIMEO` on a socket we own.
