@@ -14,6 +14,10 @@ fail() {
     trap - ERR
     say "FAILED: $*"
     for f in "$W"/*.log; do echo "---- $f"; nocolor < "$f" | tail -n 25; done
+    # The whole work folder, for what the tails above leave out (INTEROP_LOGS is on the host).
+    if [ -n "${INTEROP_LOGS:-}" ] && mkdir -p "$INTEROP_LOGS"; then
+        cp -r "$W" "$INTEROP_LOGS/" && say "all logs kept in $INTEROP_LOGS/$(basename "$W")"
+    fi
     exit 1
 }
 wait_for() {   # wait_for SECONDS DESCRIPTION COMMAND...
