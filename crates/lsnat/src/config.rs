@@ -105,6 +105,10 @@ pub struct RuntimeConfig {
     /// Linux: a TCP direction whose read fills the buffer (a bulk transfer) moves to
     /// `splice(2)`, so its bytes no longer pass through user space.
     pub splice: bool,
+    /// Pipe per spliced direction, bytes: what the relay holds for a destination that is
+    /// slower than its source (the kernel rounds it up to a power of two pages, and an
+    /// unprivileged process gets at most `/proc/sys/fs/pipe-max-size`).
+    pub pipe_size: usize,
     /// How often the core's timers are run.
     pub tick: Duration,
     /// How often a relay reports its traffic to the core (bounds idle-timer precision).
@@ -368,6 +372,7 @@ struct RawRuntime {
     worker_threads: Option<i64>,
     buffer_size: Option<i64>,
     splice: Option<bool>,
+    pipe_size: Option<i64>,
     tick: Option<toml::Value>,
 }
 
@@ -1200,13 +1205,20 @@ impl Config {
         let runtime = RuntimeConfig {
             worker_threads,
             buffer_size: c.int(
-                "runtime.buffer_size",
+                "runtime.buffer-size",
                 r.buffer_size,
                 16_384usize,
                 1024,
                 1 << 20,
             )?,
             splice: r.splice.unwrap_or(cfg!(target_os = "linux")),
+            pipe_size: c.int(
+                "runtime.pipe-size",
+                r.pipe_size,
+                262_144usize,
+                4096,
+                64 << 20,
+            )?,
             tick,
             report_interval: (smallest / 8).clamp(Duration::from_millis(5), Duration::from_secs(1)),
         };

@@ -157,6 +157,10 @@ fn defaults_are_the_rfc_floors() {
     assert_eq!(t.udp, Duration::from_secs(300));
     assert!(c.warnings.is_empty());
     assert_eq!(c.core.policy, LoadSharePolicy::RoundRobin);
+    assert_eq!(
+        (c.runtime.buffer_size, c.runtime.pipe_size),
+        (16_384, 262_144)
+    );
 }
 
 #[test]
@@ -215,6 +219,17 @@ fn malformed_files_name_the_field() {
         "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[limits]\nmax-sessions = 0\n"
     ));
     assert!(e.contains("limits.max-sessions"), "{e}");
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[runtime]\npipe-size = 1024\n"
+    ));
+    assert!(
+        e.contains("runtime.pipe-size") && e.contains("4096..="),
+        "{e}"
+    );
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[runtime]\nbuffer-size = 10\n"
+    ));
+    assert!(e.contains("runtime.buffer-size"), "{e}");
 }
 
 #[test]

@@ -254,6 +254,109 @@ async fn bulk_transfers_arrive_intact_and_counted_with_and_without_splice() {
     }
 }
 
+/// A member that answers each byte a connection sends it with `chunk` bytes of a pattern, and
+/// closes after `rounds` answers: once a chunk is sent it waits, so the gateway gets no new
+/// data (and no new event) from it until the client has had the whole chunk.
+async fn streamer(chunk: usize, rounds: usize) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                for round in 0..rounds {
+                    let mut go = [0u8; 1];
+                    if s.read_exact(&mut go).await.is_err() {
+                        return;
+                    }
+                    let data: Vec<u8> = (0..chunk).map(|i| pattern(round * chunk + i)).collect();
+                    if s.write_all(&data).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+fn pattern(i: usize) -> u8 {
+    (i * 13 + i / 4093) as u8
+}
+
+/// A spliced direction whose destination keeps filling up (a client with a small window that
+/// reads in bursts) runs through the pipe's top-up; with a one-page pipe (a fill can meet a
+/// full pipe at any time), the default and a large one, every byte of every answer arrives
+/// once and in order, and is counted. The member sends nothing more until the client has a
+/// whole answer: bytes the gateway left in its socket would never be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spliced_bulk_reaches_a_slow_reader_intact_whatever_the_pipe_size() {
+    const CHUNK: usize = 4 << 20;
+    const ROUNDS: usize = 3;
+    for pipe in [4096usize, 262_144, 1 << 20] {
+        let (member, task) = streamer(CHUNK, ROUNDS).await;
+        let gw = gateway(
+            &[member],
+            &format!(
+                "[health]\nprobe = \"none\"\n[runtime]\nsplice = true\nbuffer-size = 4096\npipe-size = {pipe}\n"
+            ),
+        )
+        .await;
+        // A small receive buffer (no autotuning): the gateway's socket to us fills at once.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(32 << 10).unwrap();
+        let mut s = socket
+            .connect(gw.listener(Protocol::Tcp).unwrap())
+            .await
+            .unwrap();
+        let mut got = Vec::with_capacity(CHUNK * ROUNDS);
+        let mut buf = vec![0u8; 32 << 10];
+        let read_all = async {
+            for _ in 0..ROUNDS {
+                s.write_all(b"g").await.unwrap();
+                let (mut this, mut since_pause) = (0, 0);
+                while this < CHUNK {
+                    let n = s.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the gateway closed early (pipe-size = {pipe})");
+                    got.extend_from_slice(&buf[..n]);
+                    this += n;
+                    since_pause += n;
+                    // Let the gateway's socket to us fill up now and then.
+                    if since_pause >= 256 << 10 {
+                        since_pause = 0;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+            assert_eq!(s.read(&mut buf).await.unwrap(), 0, "no end of stream");
+        };
+        tokio::time::timeout(Duration::from_secs(30), read_all)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the transfer stalled after {} bytes (pipe-size = {pipe})",
+                    got.len()
+                )
+            });
+        assert_eq!(got.len(), CHUNK * ROUNDS, "pipe-size = {pipe}");
+        let bad = got.iter().enumerate().position(|(i, b)| *b != pattern(i));
+        assert_eq!(bad, None, "payload corrupted (pipe-size = {pipe})");
+        drop(s);
+        wait_for("the session's outcome", WAIT, || {
+            !gw.status().recent_outcomes.is_empty()
+        })
+        .await;
+        let st = gw.status();
+        let r = &st.recent_outcomes[0];
+        assert_eq!(
+            (r.bytes_to_member, r.bytes_to_client),
+            (ROUNDS as u64, (CHUNK * ROUNDS) as u64)
+        );
+        gw.shutdown().await;
+        task.abort();
+    }
+}
+
 async fn tcp_relay_case(extra: &str) {
     let (a, b) = (echo().await, echo().await);
     let gw = gateway(&[a.addr, b.addr], extra).await;

@@ -185,13 +185,14 @@ enum Failure {
 }
 
 /// Runs one direction until its source has nothing more or its destination is full.
+/// `splice`: the pipe size a bulk direction splices through (None: it copies).
 fn pump(
     d: &mut Dir,
     src: &mut TcpStream,
     dst: &mut TcpStream,
     other_done: bool,
     scratch: &mut [u8],
-    splice: bool,
+    splice: Option<usize>,
 ) -> Result<Moved, Failure> {
     let mut m = Moved::default();
     loop {
@@ -201,7 +202,27 @@ fn pump(
             match pipe.drain(dst, d.in_pipe) {
                 Ok(0) => return Err(Failure::Write(io::ErrorKind::WriteZero.into())),
                 Ok(k) => d.in_pipe -= k.min(d.in_pipe),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(m),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The destination is full: top the pipe up from the source meanwhile, so
+                    // that the source's window stays open and the next drain finds a full pipe.
+                    let cap = pipe.capacity();
+                    while d.readable && !d.eof && d.in_pipe < cap {
+                        match pipe.fill(src, cap - d.in_pipe) {
+                            Ok(0) => d.eof = true,
+                            Ok(k) => {
+                                d.in_pipe += k;
+                                m.bytes += k as u64;
+                                m.reads += 1;
+                            }
+                            // The socket is empty or the pipe's slots are full; a fill into
+                            // the empty pipe will tell which.
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(Failure::Read(e)),
+                        }
+                    }
+                    return Ok(m);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(Failure::Write(e)),
             }
@@ -239,14 +260,14 @@ fn pump(
             return Ok(m);
         }
         if let Some(pipe) = &d.pipe {
-            let chunk = scratch.len().max(super::splice::MIN_PIPE);
-            match pipe.fill(src, chunk) {
+            match pipe.fill(src, pipe.capacity()) {
                 Ok(0) => d.eof = true,
+                // A short fill may mean the pipe's slots are full (one per socket buffer
+                // fragment), not that the socket is empty: only "would block" says that.
                 Ok(k) => {
                     d.in_pipe = k;
                     m.bytes += k as u64;
                     m.reads += 1;
-                    d.after_read(k, chunk);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     d.readable = false;
@@ -293,8 +314,8 @@ fn pump(
             return Ok(m);
         }
         // A read that fills the buffer marks a bulk direction: move it into the kernel.
-        if splice && n == scratch.len() {
-            match super::splice::Pipe::new(n.max(super::splice::MIN_PIPE)) {
+        if let Some(size) = splice.filter(|_| n == scratch.len()) {
+            match super::splice::Pipe::new(size) {
                 Ok(p) => d.pipe = Some(p),
                 Err(e) => tracing::debug!(error = %e, "no pipe for splice; copying"),
             }
@@ -410,7 +431,8 @@ pub(crate) struct Worker {
     accept_retry: Option<Instant>,
     stopping: Option<Instant>,
     scratch: Box<[u8]>,
-    splice: bool,
+    /// The pipe size of a bulk direction (None: splice off).
+    splice: Option<usize>,
     report_ns: u64,
     connect_timeout: Duration,
 }
@@ -456,7 +478,7 @@ impl Worker {
             accept_retry: None,
             stopping: None,
             scratch: vec![0u8; rt.buffer_size].into_boxed_slice(),
-            splice: rt.splice,
+            splice: rt.splice.then_some(rt.pipe_size),
             report_ns: u64::try_from(rt.report_interval.as_nanos()).unwrap_or(u64::MAX),
             connect_timeout: shared.config.connect_timeout,
             shared,
