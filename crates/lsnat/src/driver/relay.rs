@@ -127,6 +127,9 @@ struct Dir {
     /// Bulk mode: the pipe this direction splices through, and the bytes in it.
     pipe: Option<super::splice::Pipe>,
     in_pipe: usize,
+    /// The destination said "would block" to the pipe and has not been writable since: an
+    /// event from the source only tops the pipe up.
+    dst_full: bool,
     /// The source said end of stream.
     eof: bool,
     /// The end was passed on (a FIN, or nothing needed as the other direction had ended).
@@ -199,34 +202,35 @@ fn pump(
         // What is held goes first, in order.
         if d.in_pipe > 0 {
             let pipe = d.pipe.as_ref().expect("bytes in a pipe imply the pipe");
-            match pipe.drain(dst, d.in_pipe) {
-                Ok(0) => return Err(Failure::Write(io::ErrorKind::WriteZero.into())),
-                Ok(k) => d.in_pipe -= k.min(d.in_pipe),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // The destination is full: top the pipe up from the source meanwhile, so
-                    // that the source's window stays open and the next drain finds a full pipe.
-                    let cap = pipe.capacity();
-                    while d.readable && !d.eof && d.in_pipe < cap {
-                        match pipe.fill(src, cap - d.in_pipe) {
-                            Ok(0) => d.eof = true,
-                            Ok(k) => {
-                                d.in_pipe += k;
-                                m.bytes += k as u64;
-                                m.reads += 1;
-                            }
-                            // The socket is empty or the pipe's slots are full; a fill into
-                            // the empty pipe will tell which.
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(Failure::Read(e)),
-                        }
-                    }
-                    return Ok(m);
+            if !d.dst_full {
+                match pipe.drain(dst, d.in_pipe) {
+                    Ok(0) => return Err(Failure::Write(io::ErrorKind::WriteZero.into())),
+                    Ok(k) => d.in_pipe -= k.min(d.in_pipe),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => d.dst_full = true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Write(e)),
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Failure::Write(e)),
+                continue;
             }
-            continue;
+            // The destination is full: top the pipe up from the source meanwhile (one call),
+            // so that the source's window stays open and the next drain finds a full pipe.
+            let cap = pipe.capacity();
+            if d.readable && !d.eof && d.in_pipe < cap {
+                match pipe.fill(src, cap - d.in_pipe) {
+                    Ok(0) => d.eof = true,
+                    Ok(k) => {
+                        d.in_pipe += k;
+                        m.bytes += k as u64;
+                        m.reads += 1;
+                    }
+                    // The socket is empty or the pipe's slots are full; a fill into the
+                    // empty pipe will tell which.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Read(e)),
+                }
+            }
+            return Ok(m);
         }
         if d.held_from < d.held.len() {
             match dst.write(&d.held[d.held_from..]) {
@@ -878,9 +882,13 @@ impl Worker {
             self.run_dir(slot, side);
         }
         if writes {
-            let waiting = self.conn(slot).is_some_and(|c| match other {
-                Side::Client => c.up.blocked(),
-                Side::Member => c.down.blocked(),
+            let waiting = self.conn_mut(slot).is_some_and(|c| {
+                let into = match other {
+                    Side::Client => &mut c.up,
+                    Side::Member => &mut c.down,
+                };
+                into.dst_full = false;
+                into.blocked()
             });
             if waiting {
                 self.run_dir(slot, other);
