@@ -107,7 +107,8 @@ pub struct RuntimeConfig {
     pub splice: bool,
     /// Pipe per spliced direction, bytes: what the relay holds for a destination that is
     /// slower than its source (the kernel rounds it up to a power of two pages, and an
-    /// unprivileged process gets at most `/proc/sys/fs/pipe-max-size`).
+    /// unprivileged process gets at most `/proc/sys/fs/pipe-max-size`). A peer that stops
+    /// reading pins at most two of them per session, beside the sockets' own buffers.
     pub pipe_size: usize,
     /// How often the core's timers are run.
     pub tick: Duration,
