@@ -292,13 +292,34 @@ pub fn summary(c: &Config) -> String {
             human(c.probe.timeout)
         ),
     };
+    let threads = match c.runtime.worker_threads {
+        Some(1) => "1 worker thread".to_string(),
+        Some(n) => format!("{n} worker threads"),
+        None => format!("one worker thread per CPU ({})", driver::workers(c)),
+    };
+    let splice = if c.runtime.splice {
+        format!("splice on (pipe {} bytes)", c.runtime.pipe_size)
+    } else {
+        "splice off".to_string()
+    };
+    let relay = format!(
+        "the relay with {threads}, buffer {} bytes, {splice}",
+        c.runtime.buffer_size
+    );
+    let mode = match c.mode {
+        config::Mode::Proxy => format!("proxy, {relay}"),
+        config::Mode::Nat if c.nat.required => {
+            "nat (the kernel translates; without it the gateway does not start)".to_string()
+        }
+        config::Mode::Nat => format!("nat (the kernel translates; without it, {relay})"),
+    };
     let persistence = if c.core.persistence.timeout.is_zero() {
         "off".to_string()
     } else {
         human(c.core.persistence.timeout)
     };
     format!(
-        "listeners: {}\npolicy: {}\nmembers: {}\nprobe: {probe}, fall {}, rise {}, slow start {}\nlimits: {} sessions, {} per member\ntimers: tcp established {}, tcp transitory {}, rst linger {}, udp {}\npersistence: {persistence}\nmetrics: {}",
+        "listeners: {}\npolicy: {}\nmembers: {}\nprobe: {probe}, fall {}, rise {}, slow start {}\nlimits: {} sessions, {} per member\ntimers: tcp established {}, tcp transitory {}, rst linger {}, udp {}\npersistence: {persistence}\nmode: {mode}\nmetrics: {}",
         listeners.join(", "),
         c.core.policy.name(),
         members.join(", "),

@@ -348,9 +348,33 @@ fn the_summary_speaks_words_and_human_durations() {
     assert!(s.contains("probe: tcp every 500ms (timeout 400ms)"), "{s}");
     assert!(s.contains("tcp established 2h,"), "{s}");
     assert!(s.contains("persistence: 5m"), "{s}");
+    assert!(
+        s.contains("mode: proxy, the relay with one worker thread per CPU (")
+            && s.contains("), buffer 16384 bytes, splice on (pipe 262144 bytes)"),
+        "{s}"
+    );
     let d = parse("[[listener]]\naddress = \"127.0.0.1:80\"\nprotocol = \"udp\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n").unwrap();
     let s = rserpool_lsnat::summary(&d);
     assert!(s.contains("probe: none"), "{s}");
     assert!(s.contains("persistence: off"), "{s}");
     assert!(s.contains("tcp established 2h 4m,"), "{s}");
+    let t = parse("[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n[runtime]\nworker-threads = 3\nsplice = false\n").unwrap();
+    let s = rserpool_lsnat::summary(&t);
+    assert!(
+        s.contains("mode: proxy, the relay with 3 worker threads, buffer 16384 bytes, splice off"),
+        "{s}"
+    );
+    let base = "[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n";
+    let s = rserpool_lsnat::summary(&parse(&format!("mode = \"nat\"\n{base}")).unwrap());
+    assert!(
+        s.contains("mode: nat (the kernel translates; without it, the relay with"),
+        "{s}"
+    );
+    let s = rserpool_lsnat::summary(
+        &parse(&format!("mode = \"nat\"\n{base}[nat]\nrequired = true\n")).unwrap(),
+    );
+    assert!(
+        s.contains("mode: nat (the kernel translates; without it the gateway does not start)"),
+        "{s}"
+    );
 }
