@@ -137,7 +137,10 @@ serving_pe() {
     done
     return 0
 }
-failovers() { nocolor < "$W/calcappclient.log" | grep -cE 'RSERPOOL_FAILOVER_NECESSARY|Timeout -> Failover' || true; }
+# failovers_after N: the failovers calcappclient noted after its first N.
+failovers_after() {
+    nocolor < "$W/calcappclient.log" | grep -E 'RSERPOOL_FAILOVER_NECESSARY|Timeout -> Failover' | tail -n +$(( $1 + 1 )) || true
+}
 job_done() { [ "$(nocolor < "$W/calcappclient.log" | grep -c "Job #$1 completed" || true)" -gt 0 ]; }
 # replace_pe PORT: a new PE in place of the killed one, so that the pool keeps three.
 replace_pe() {
@@ -162,7 +165,7 @@ for attempt in 1 2 3 4 5; do
     done
     echoes_before=$(echoes_except "$serving")
     completed_before=$(completed)
-    failovers_before=$(failovers)
+    failovers_before=$(failovers_after 0 | grep -c . || true)
     case $serving in 5221) kill9 "$ca1_pid";; 5222) kill9 "$ca2_pid";; 5223) kill9 "$ca3_pid";; esac
     end=$(( $(date +%s) + 30 ))
     while [ "$(date +%s)" -lt "$end" ]; do
@@ -173,7 +176,7 @@ for attempt in 1 2 3 4 5; do
     # Why not. No failover noted since the kill: the job had ended before it. A failover
     # without a cookie: the kill came before the job's first one. A failover with a cookie
     # that no other PE saw echoed is a failure.
-    since=$(nocolor < "$W/calcappclient.log" | grep -E 'RSERPOOL_FAILOVER_NECESSARY|Timeout -> Failover' | tail -n +$(( failovers_before + 1 )) || true)
+    since=$(failovers_after "$failovers_before")
     if [ -z "$since" ] && job_done "$job"; then
         say "      (attempt $attempt: job #$job completed before the kill of PE :$serving; a new PE takes its place, trying again)"
     elif [ -n "$since" ] && ! grep -q 'cookie=yes' <<< "$since"; then
