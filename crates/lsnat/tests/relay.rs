@@ -1150,3 +1150,66 @@ async fn worker_threads_share_the_port_serve_every_session_and_refuse_a_port_in_
         .expect("the relay ends");
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
 }
+
+/// The value of an unlabelled or one-labelled sample in a scrape.
+fn sample(scrape: &str, name_and_labels: &str) -> Option<u64> {
+    scrape.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Long-lived connections that arrive one at a time while the gateway is idle: the kernel
+/// wakes the same waiting worker for each, so without a hand-over every one would be relayed
+/// by worker 0 while worker 1 idles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lived_connections_spread_over_the_workers() {
+    let a = echo().await;
+    let gw = gateway(&[a.addr], "[runtime]\nworker-threads = 2\n").await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut held = Vec::new();
+    for i in 0..10u8 {
+        let mut s = TcpStream::connect(vip).await.unwrap();
+        roundtrip(&mut s, &[i; 5]).await.unwrap();
+        held.push(s);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = gw.metrics();
+    let w0 = sample(&m, "rserpool_lsnat_relay_sessions{worker=\"0\"}").unwrap();
+    let w1 = sample(&m, "rserpool_lsnat_relay_sessions{worker=\"1\"}").unwrap();
+    assert_eq!(w0 + w1, 10, "{m}");
+    assert!(w0.abs_diff(w1) <= 2, "sessions per worker {w0} / {w1}\n{m}");
+    // Handed over, unless the kernel itself woke the other worker (when the first was busy).
+    assert!(
+        sample(&m, "rserpool_lsnat_relay_handovers_total").is_some(),
+        "{m}"
+    );
+    // Every connection still relays, whichever worker holds it.
+    for (i, s) in held.iter_mut().enumerate() {
+        roundtrip(s, &[i as u8 + 100; 3]).await.unwrap();
+    }
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while gw.status().active_sessions > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = gw.metrics();
+    assert_eq!(
+        sample(&m, "rserpool_lsnat_relay_sessions{worker=\"0\"}"),
+        Some(0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "rserpool_lsnat_relay_sessions{worker=\"1\"}"),
+        Some(0),
+        "{m}"
+    );
+    assert!(
+        m.contains("rserpool_lsnat_outcomes_total{outcome=\"closed\"} 10"),
+        "{m}"
+    );
+    gw.shutdown().await;
+}

@@ -2,6 +2,7 @@
 //! sans-IO core. Every decision is the core's; this module moves bytes and reports what the
 //! operating system said.
 
+mod balance;
 mod http;
 mod probe;
 mod relay;
@@ -28,6 +29,8 @@ pub(crate) struct Inner {
     pub(crate) kills: HashMap<SessionId, Kill>,
     /// The NAT data plane's counters, while it runs (NAT mode).
     pub(crate) nat: Option<crate::nat::Stats>,
+    /// The relay workers' loads, while they run (TCP listeners in proxy mode).
+    pub(crate) relay: Option<Arc<balance::Balance>>,
 }
 
 impl Inner {
@@ -36,6 +39,9 @@ impl Inner {
         let mut m = self.core.metric_set();
         if let Some(nat) = &self.nat {
             nat.encode(&mut m);
+        }
+        if let Some(relay) = &self.relay {
+            relay.encode(&mut m);
         }
         m
     }
@@ -204,6 +210,7 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
             core,
             kills: HashMap::new(),
             nat: None,
+            relay: None,
         }),
         start: Instant::now(),
         config,
@@ -277,9 +284,17 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     // Every worker is built before any runs, so that a failure leaves none behind.
     let mut workers = Vec::new();
     if !tcp_listeners.is_empty() {
+        let balance = balance::Balance::new(bound.workers.max(1));
         for n in 0..bound.workers.max(1) {
-            workers.push(relay::Worker::new(n, shared.clone(), &tcp_listeners)?);
+            workers.push(relay::Worker::new(
+                n,
+                shared.clone(),
+                balance.clone(),
+                &tcp_listeners,
+            )?);
         }
+        balance.set_mailboxes(workers.iter().map(|(_, m)| m.clone()).collect());
+        shared.lock().relay = Some(balance);
     }
     drop(tcp_listeners);
     let mailboxes: Vec<_> = workers.iter().map(|(_, m)| m.clone()).collect();

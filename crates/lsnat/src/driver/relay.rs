@@ -1,12 +1,14 @@
 //! The proxy's TCP data plane: one event loop per worker thread (mio over edge-triggered
 //! epoll). The workers share each listening socket, registered in every worker's epoll with
 //! `EPOLLEXCLUSIVE` (a new connection wakes one idle worker, not all, and not one that is
-//! busy while another waits), and each relays the sessions it accepted until their end. A session costs no task, no timer and no waker: its two sockets are
+//! busy while another waits), and each relays the sessions it accepted until their end, or
+//! hands a new one to a waiting worker with fewer sessions (`balance`). A session costs no task, no timer and no waker: its two sockets are
 //! registered once for reading and writing (two `epoll_ctl` calls) and leave epoll by being
 //! closed; the connect deadline sits in a queue that is in deadline order by construction (one
 //! timeout for every connect). Every decision is the core's; this module moves bytes and
 //! reports what the sockets said.
 
+use super::balance::Balance;
 use super::Shared;
 use crate::core::receipt::{Outcome, Side};
 use crate::core::{FlowKey, Gateway, Protocol, SessionId, Time, Traffic};
@@ -28,6 +30,12 @@ pub(crate) enum Command {
     },
     /// The gateway is stopping: accept no more, let the sessions end (at most two seconds).
     Stop,
+    /// A connection another worker accepted and handed to this one (see `balance`).
+    Adopt {
+        client: TcpStream,
+        peer: SocketAddr,
+        fixed: Option<SocketAddr>,
+    },
 }
 
 /// A worker's inbox: commands, and the waker of its event loop.
@@ -424,6 +432,7 @@ fn unwatch(poll: &Poll, listener: &TcpListener) {
 pub(crate) struct Worker {
     n: usize,
     shared: Arc<Shared>,
+    balance: Arc<Balance>,
     mailbox: Arc<Mailbox>,
     poll: Poll,
     listeners: Vec<Listener>,
@@ -447,6 +456,7 @@ impl Worker {
     pub(crate) fn new(
         n: usize,
         shared: Arc<Shared>,
+        balance: Arc<Balance>,
         listeners: &[Arc<TcpListener>],
     ) -> io::Result<(Worker, Arc<Mailbox>)> {
         if listeners.len() > MAX_LISTENERS {
@@ -472,6 +482,7 @@ impl Worker {
         let rt = &shared.config.runtime;
         let worker = Worker {
             n,
+            balance,
             mailbox: mailbox.clone(),
             poll,
             listeners: ls,
@@ -507,7 +518,10 @@ impl Worker {
                 }
             }
             let timeout = self.next_wake().map(|t| t.saturating_duration_since(now));
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
+            self.balance.set_waiting(self.n, self.stopping.is_none());
+            let polled = self.poll.poll(&mut events, timeout);
+            self.balance.set_waiting(self.n, false);
+            if let Err(e) = polled {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -522,6 +536,13 @@ impl Worker {
                 }
             }
             self.expire(Instant::now());
+        }
+        // A connection handed over as this worker stopped was never opened: it is refused like
+        // one still in the listener's queue.
+        for c in self.mailbox.take() {
+            if let Command::Adopt { client, .. } = c {
+                abort(&client);
+            }
         }
         if self.live > 0 {
             tracing::warn!(
@@ -618,6 +639,7 @@ impl Worker {
         self.free.push(slot.index);
         if conn.is_some() {
             self.live -= 1;
+            self.balance.set_live(self.n, self.live);
         }
         conn
     }
@@ -630,6 +652,14 @@ impl Worker {
                     session,
                     outcome,
                 } => self.kill(slot, session, outcome),
+                Command::Adopt {
+                    client,
+                    peer,
+                    fixed,
+                } => {
+                    self.balance.taken(self.n);
+                    self.open(client, peer, fixed);
+                }
                 Command::Stop => {
                     if self.stopping.is_none() {
                         self.stopping = Some(Instant::now());
@@ -683,7 +713,9 @@ impl Worker {
             match l.socket.accept() {
                 Ok((client, peer)) => {
                     let fixed = l.fixed;
-                    self.open(client, peer, fixed);
+                    if let Some(client) = self.balance.offer(self.n, client, peer, fixed) {
+                        self.open(client, peer, fixed);
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -750,6 +782,7 @@ impl Worker {
         );
         self.slots[slot.index as usize].conn = Some(conn);
         self.live += 1;
+        self.balance.set_live(self.n, self.live);
         if let Err(e) = registered {
             self.end(slot, Some((Side::Client, e)));
             return;
