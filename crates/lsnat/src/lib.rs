@@ -88,8 +88,9 @@ pub struct LsnatArgs {
     /// Deprecated spelling of `--metrics`.
     #[arg(long, hide = true, value_name = "ADDR:PORT")]
     pub status: Option<String>,
-    /// TCP relay worker threads, each an event loop; they share the listening sockets and a
-    /// new connection wakes one idle worker (default: one per CPU).
+    /// TCP relay worker threads, each an event loop; they share the listening sockets, a new
+    /// connection wakes one idle worker, and one with more sessions hands it to a waiting one
+    /// (default: one per CPU).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Check the configuration, bind what would be bound (and let go), print a summary and the

@@ -266,8 +266,8 @@ pub async fn start(config: Config, source: Box<dyn MemberSource>) -> std::io::Re
     }
     // One relay worker thread per CPU (runtime.worker_threads), each an event loop waiting on
     // every TCP listener (EPOLLEXCLUSIVE: a new connection wakes one idle worker): a connection
-    // is accepted, relayed and closed on one thread. This runtime keeps the timers, probes, UDP
-    // and the endpoint.
+    // is relayed and closed on the thread that accepted it, or on a waiting worker it was
+    // handed to (balance.rs). This runtime keeps the timers, probes, UDP and the endpoint.
     let mut tcp_listeners = Vec::new();
     for (p, local, listener) in bound.listeners {
         tracing::info!(address = %local, protocol = p.name(), "listening");
