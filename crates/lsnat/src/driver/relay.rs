@@ -2,10 +2,10 @@
 //! epoll). The workers share each listening socket, registered in every worker's epoll with
 //! `EPOLLEXCLUSIVE` (a new connection wakes one idle worker, not all, and not one that is
 //! busy while another waits), and each relays the sessions it accepted until their end, or
-//! hands a new one to a waiting worker with fewer sessions (`balance`). A session costs no task, no timer and no waker: its two sockets are
-//! registered once for reading and writing (two `epoll_ctl` calls) and leave epoll by being
-//! closed; the connect deadline sits in a queue that is in deadline order by construction (one
-//! timeout for every connect). Every decision is the core's; this module moves bytes and
+//! hands a new one to a waiting worker with fewer sessions (`balance`). A session costs no
+//! task, no timer and no waker: its two sockets are registered once for reading and writing
+//! (two `epoll_ctl` calls) and leave epoll by being closed; the connect deadline sits in a
+//! queue that is in deadline order by construction (one timeout for every connect). Every decision is the core's; this module moves bytes and
 //! reports what the sockets said.
 
 use super::balance::Balance;
