@@ -114,6 +114,30 @@ pub struct RuntimeConfig {
     pub tick: Duration,
     /// How often a relay reports its traffic to the core (bounds idle-timer precision).
     pub report_interval: Duration,
+    /// How the kernel schedules the relay workers.
+    pub scheduling: Scheduling,
+}
+
+/// The scheduling policy of the relay workers (sched(7)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Scheduling {
+    /// `SCHED_OTHER`: a worker woken by a socket may preempt the task running on its CPU, and
+    /// on a busy machine it then wakes once per event.
+    Normal,
+    /// `SCHED_BATCH`: a woken worker runs on an idle CPU at once, but does not preempt a
+    /// running task, so on a busy machine it finds several events per wake-up.
+    #[default]
+    Batch,
+}
+
+impl Scheduling {
+    /// The setting's value in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheduling::Normal => "normal",
+            Scheduling::Batch => "batch",
+        }
+    }
 }
 
 /// The whole, checked configuration.
@@ -375,6 +399,7 @@ struct RawRuntime {
     splice: Option<bool>,
     pipe_size: Option<i64>,
     tick: Option<toml::Value>,
+    scheduling: Option<String>,
 }
 
 /// Command-line values that override or extend a file (see `LsnatArgs`).
@@ -1222,6 +1247,16 @@ impl Config {
             )?,
             tick,
             report_interval: (smallest / 8).clamp(Duration::from_millis(5), Duration::from_secs(1)),
+            scheduling: match r.scheduling.as_deref() {
+                None | Some("batch") => Scheduling::Batch,
+                Some("normal") => Scheduling::Normal,
+                Some(other) => {
+                    return Err(c.err(
+                        "runtime.scheduling",
+                        format!("{other:?} is not \"batch\" or \"normal\""),
+                    ))
+                }
+            },
         };
 
         // What would bite at run time, refused or warned about now.

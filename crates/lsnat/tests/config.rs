@@ -230,6 +230,13 @@ fn malformed_files_name_the_field() {
         "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[runtime]\nbuffer-size = 10\n"
     ));
     assert!(e.contains("runtime.buffer-size"), "{e}");
+    let e = error(&format!(
+        "{base}[pool]\nmembers = [{{ address = \"127.0.0.1:81\" }}]\n[runtime]\nscheduling = \"fifo\"\n"
+    ));
+    assert!(
+        e.contains("runtime.scheduling") && e.contains("\"fifo\" is not"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -350,7 +357,9 @@ fn the_summary_speaks_words_and_human_durations() {
     assert!(s.contains("persistence: 5m"), "{s}");
     assert!(
         s.contains("mode: proxy, the relay with one worker thread per CPU (")
-            && s.contains("), buffer 16384 bytes, splice on (pipe 262144 bytes)"),
+            && s.contains(
+                ") (scheduling batch), buffer 16384 bytes, splice on (pipe 262144 bytes)"
+            ),
         "{s}"
     );
     let d = parse("[[listener]]\naddress = \"127.0.0.1:80\"\nprotocol = \"udp\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n").unwrap();
@@ -358,10 +367,10 @@ fn the_summary_speaks_words_and_human_durations() {
     assert!(s.contains("probe: none"), "{s}");
     assert!(s.contains("persistence: off"), "{s}");
     assert!(s.contains("tcp established 2h 4m,"), "{s}");
-    let t = parse("[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n[runtime]\nworker-threads = 3\nsplice = false\n").unwrap();
+    let t = parse("[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n[runtime]\nworker-threads = 3\nsplice = false\nscheduling = \"normal\"\n").unwrap();
     let s = rserpool_lsnat::summary(&t);
     assert!(
-        s.contains("mode: proxy, the relay with 3 worker threads, buffer 16384 bytes, splice off"),
+        s.contains("mode: proxy, the relay with 3 worker threads (scheduling normal), buffer 16384 bytes, splice off"),
         "{s}"
     );
     let base = "[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n";

@@ -1213,3 +1213,61 @@ async fn long_lived_connections_spread_over_the_workers() {
     );
     gw.shutdown().await;
 }
+
+/// The scheduling policy (sched(7) number) of every relay worker thread in this process.
+#[cfg(target_os = "linux")]
+fn worker_policies() -> Vec<i64> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("lsnat-worker-") {
+            continue;
+        }
+        // Field 41 of stat; fields are counted from the one after the command's ")".
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if let Some(p) = rest.split_whitespace().nth(41 - 3) {
+            out.push(p.parse().unwrap());
+        }
+    }
+    out
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_workers_run_under_the_configured_scheduling_policy() {
+    const SCHED_OTHER: i64 = libc::SCHED_OTHER as i64;
+    const SCHED_BATCH: i64 = libc::SCHED_BATCH as i64;
+    let e = echo().await;
+    // The default: batch. (Other tests' gateways in this process run with the default too.)
+    let gw = gateway(&[e.addr], "[runtime]\nworker-threads = 2\n").await;
+    let mut s = TcpStream::connect(gw.listener(Protocol::Tcp).unwrap())
+        .await
+        .unwrap();
+    roundtrip(&mut s, b"ping").await.unwrap();
+    wait_for("the workers under SCHED_BATCH", WAIT, || {
+        let p = worker_policies();
+        p.len() >= 2 && p.iter().all(|&p| p == SCHED_BATCH)
+    })
+    .await;
+    drop(s);
+    gw.shutdown().await;
+    // "normal" leaves the policy the process has: a worker under SCHED_OTHER appears.
+    let gw = gateway(
+        &[e.addr],
+        "[runtime]\nworker-threads = 1\nscheduling = \"normal\"\n",
+    )
+    .await;
+    let mut s = TcpStream::connect(gw.listener(Protocol::Tcp).unwrap())
+        .await
+        .unwrap();
+    roundtrip(&mut s, b"ping").await.unwrap();
+    wait_for("a worker under SCHED_OTHER", WAIT, || {
+        worker_policies().contains(&SCHED_OTHER)
+    })
+    .await;
+    drop(s);
+    gw.shutdown().await;
+}

@@ -10,6 +10,7 @@
 
 use super::balance::Balance;
 use super::Shared;
+use crate::config::Scheduling;
 use crate::core::receipt::{Outcome, Side};
 use crate::core::{FlowKey, Gateway, Protocol, SessionId, Time, Traffic};
 use mio::net::{TcpListener, TcpStream};
@@ -428,6 +429,27 @@ fn unwatch(poll: &Poll, listener: &TcpListener) {
     }
 }
 
+/// Applies `runtime.scheduling` to the calling thread. `Batch` replaces only the default
+/// policy: a worker the operator started under a real-time or idle policy keeps it.
+fn schedule(policy: Scheduling) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if policy == Scheduling::Batch {
+        // SAFETY: pid 0 is the calling thread; the kernel only reads `param`.
+        unsafe {
+            if libc::sched_getscheduler(0) != libc::SCHED_OTHER {
+                return Ok(());
+            }
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = policy;
+    Ok(())
+}
+
 /// A worker: its event loop, its listeners and its sessions.
 pub(crate) struct Worker {
     n: usize,
@@ -509,6 +531,9 @@ impl Worker {
     /// Runs the loop until the gateway stops and the sessions have ended (or the grace time
     /// has passed: what is left is closed).
     pub(crate) fn run(mut self) {
+        if let Err(e) = schedule(self.shared.config.runtime.scheduling) {
+            tracing::warn!(worker = self.n, error = %e, "cannot set the relay worker's scheduling policy");
+        }
         let mut events = Events::with_capacity(256);
         loop {
             let now = Instant::now();
