@@ -1271,3 +1271,59 @@ async fn relay_workers_run_under_the_configured_scheduling_policy() {
     drop(s);
     gw.shutdown().await;
 }
+
+/// A member that writes `len` bytes of a pattern on every connection and closes it at once.
+async fn answer_and_close(len: usize) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let data: Vec<u8> = (0..len).map(pattern).collect();
+                let _ = s.write_all(&data).await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Bytes read while the source's end is already known go out held for the end of stream that
+/// follows (one segment with the FIN): whether the gateway passes the end on with a shutdown
+/// (the client still sending) or by closing both sockets (the client had ended first), every
+/// byte and then the end reach the client, short answers and long ones alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_followed_at_once_by_the_end_arrives_whole() {
+    for len in [100usize, 200_000] {
+        let (member, task) = answer_and_close(len).await;
+        let gw = gateway(
+            &[member],
+            "[health]\nprobe = \"none\"\n[runtime]\nsplice = false\nbuffer-size = 1024\n",
+        )
+        .await;
+        let vip = gw.listener(Protocol::Tcp).unwrap();
+        let want: Vec<u8> = (0..len).map(pattern).collect();
+        for round in 0..20 {
+            let mut s = TcpStream::connect(vip).await.unwrap();
+            let client_ends_first = round % 2 == 1;
+            if client_ends_first {
+                s.shutdown().await.unwrap();
+            }
+            let mut got = Vec::with_capacity(len);
+            tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+                .await
+                .unwrap_or_else(|_| panic!("no end after {} of {len} bytes", got.len()))
+                .unwrap_or_else(|e| panic!("{len} bytes, round {round}: {e} after {}", got.len()));
+            assert!(got == want, "{len} bytes, round {round}: payload differs");
+        }
+        wait_for("the sessions' outcomes", WAIT, || {
+            gw.status().recent_outcomes.len() >= 20
+        })
+        .await;
+        for r in &gw.status().recent_outcomes {
+            assert_eq!(r.outcome, Some(Outcome::Closed), "{r:?}");
+            assert_eq!(r.bytes_to_client, len as u64, "{r:?}");
+        }
+        gw.shutdown().await;
+        task.abort();
+    }
+}

@@ -893,7 +893,10 @@ impl Worker {
                 c.up.mark(ev);
                 return;
             }
-            if ev.is_error() || ev.is_write_closed() || ev.is_read_closed() {
+            // A failed connect reports an error or a hang-up. The member's FIN alone
+            // (EPOLLRDHUP) is a connection made: the member answered and ended at once, and
+            // its answer is read like any other.
+            if ev.is_error() || ev.is_write_closed() {
                 let reason = match c.member.as_ref().map(|m| m.take_error()) {
                     Some(Ok(Some(e))) | Some(Err(e)) => io_reason(&e),
                     _ => "connection closed during the handshake".into(),
