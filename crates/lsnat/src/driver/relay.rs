@@ -179,6 +179,32 @@ impl Dir {
     }
 }
 
+/// Writes to a socket; `more`: more is about to follow (`MSG_MORE`: the kernel holds a partial
+/// segment until the next write, shutdown or close).
+fn send(dst: &mut TcpStream, buf: &[u8], more: bool) -> io::Result<usize> {
+    #[cfg(target_os = "linux")]
+    if more {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor and a buffer the kernel only reads.
+        let n = unsafe {
+            libc::send(
+                dst.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_MORE | libc::MSG_NOSIGNAL,
+            )
+        };
+        return if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = more;
+    dst.write(buf)
+}
+
 /// What one run of a direction did.
 #[derive(Default)]
 struct Moved {
@@ -312,8 +338,11 @@ fn pump(
         m.bytes += n as u64;
         m.reads += 1;
         let mut written = 0;
+        // The source's FIN is known: the end of stream follows these bytes, and the shutdown
+        // (or close) that passes it on sends them with the FIN in one segment.
+        let more = d.fin;
         while written < n {
-            match dst.write(&scratch[written..n]) {
+            match send(dst, &scratch[written..n], more) {
                 Ok(0) => return Err(Failure::Write(io::ErrorKind::WriteZero.into())),
                 Ok(k) => written += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
