@@ -153,6 +153,8 @@ struct Dir {
     /// The source's peer has closed (EPOLLRDHUP) or the socket has an error pending: read on
     /// to the end.
     fin: bool,
+    /// The source has an error pending (a reset): its end is an abort, not a FIN.
+    error: bool,
 }
 
 impl Dir {
@@ -168,6 +170,9 @@ impl Dir {
         }
         if ev.is_read_closed() || ev.is_error() {
             self.fin = true;
+        }
+        if ev.is_error() {
+            self.error = true;
         }
     }
 
@@ -339,8 +344,10 @@ fn pump(
         m.reads += 1;
         let mut written = 0;
         // The source's FIN is known: the end of stream follows these bytes, and the shutdown
-        // (or close) that passes it on sends them with the FIN in one segment.
-        let more = d.fin;
+        // (or close) that passes it on sends them with the FIN in one segment. Not when the
+        // source has an error pending: its end is passed on as a reset, which would discard
+        // bytes the kernel still held.
+        let more = d.fin && !d.error;
         while written < n {
             match send(dst, &scratch[written..n], more) {
                 Ok(0) => return Err(Failure::Write(io::ErrorKind::WriteZero.into())),
