@@ -1327,3 +1327,58 @@ async fn an_answer_followed_at_once_by_the_end_arrives_whole() {
         task.abort();
     }
 }
+
+/// A handshake that is not over when connect returns (the member's accept queue is full, so
+/// its SYN is dropped and sent again a second later) completes through the socket's event: the
+/// bytes the client sent meanwhile wait in its socket and then reach the member, and the
+/// answer comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_that_completes_later_carries_the_early_bytes() {
+    let slow = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    slow.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    slow.listen(0).unwrap();
+    let slow_addr = slow.local_addr().unwrap().as_socket().unwrap();
+    let queued: Vec<_> = (0..2)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&slow_addr, Duration::from_millis(200)).ok()
+        })
+        .collect();
+    assert!(!queued.is_empty(), "the accept queue could not be filled");
+    let gw = gateway(
+        &[slow_addr],
+        "[timers]\nconnect = \"10s\"\n[health]\nprobe = \"none\"\n",
+    )
+    .await;
+    let vip = gw.listener(Protocol::Tcp).unwrap();
+    let mut c = TcpStream::connect(vip).await.unwrap();
+    c.write_all(b"early").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gw.status().recent_outcomes.len(), 0);
+    // Make room: the queued connections are taken, then the gateway's arrives.
+    let member = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        for _ in 0..queued.len() {
+            drop(slow.accept().unwrap());
+        }
+        drop(queued);
+        let (s, _) = slow.accept().unwrap();
+        let mut s: std::net::TcpStream = s.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = [0u8; 5];
+        s.read_exact(&mut got).unwrap();
+        s.write_all(b"late").unwrap();
+        got
+    });
+    let mut answer = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert_eq!(&answer, b"late");
+    assert_eq!(&member.await.unwrap(), b"early");
+    let st = gw.status();
+    assert!(rebound(&st).is_empty(), "no connect failed: {st:?}");
+    drop(c);
+    gw.shutdown().await;
+}

@@ -871,11 +871,23 @@ impl Worker {
             };
             match started {
                 Ok(s) => {
+                    // Over loopback or a local bridge the handshake is over before connect
+                    // returns: the session starts now rather than an event later, reading
+                    // what the client sent without waiting for an event (by the time a
+                    // connection is accepted its first bytes are usually there; if not, the
+                    // read hears "would block" and the next bytes raise an event).
+                    let made = s.peer_addr().is_ok();
                     c.member = Some(s);
                     c.attempt += 1;
                     c.connecting = true;
                     let attempt = c.attempt;
+                    if made {
+                        c.up.readable = true;
+                    }
                     self.deadlines.push_back((deadline, slot, attempt));
+                    if made {
+                        self.established(slot);
+                    }
                     return;
                 }
                 Err(e) => {
@@ -918,6 +930,27 @@ impl Worker {
         }
     }
 
+    /// The member's connection in `slot` is made: the core hears of it, and whatever either
+    /// side sent meanwhile is relayed.
+    fn established(&mut self, slot: SlotId) {
+        let Some(c) = self.conn_mut(slot) else {
+            return;
+        };
+        c.connecting = false;
+        if let Some(m) = &c.member {
+            let _ = m.set_nodelay(true);
+        }
+        let (up, down) = (c.up.readable, c.down.readable);
+        let id = c.id;
+        self.shared.with(|core, now| core.connected(now, id));
+        if up {
+            self.run_dir(slot, Side::Client);
+        }
+        if down {
+            self.run_dir(slot, Side::Member);
+        }
+    }
+
     fn on_socket(&mut self, t: Token, ev: &mio::event::Event) {
         let (slot, side) = untoken(t);
         let Some(c) = self.conn_mut(slot) else {
@@ -943,21 +976,8 @@ impl Worker {
             if !ev.is_writable() {
                 return;
             }
-            c.connecting = false;
-            if let Some(m) = &c.member {
-                let _ = m.set_nodelay(true);
-            }
             c.down.mark(ev);
-            let (up, down) = (c.up.readable, c.down.readable);
-            let id = c.id;
-            self.shared.with(|core, now| core.connected(now, id));
-            // Whatever either side sent meanwhile.
-            if up {
-                self.run_dir(slot, Side::Client);
-            }
-            if down {
-                self.run_dir(slot, Side::Member);
-            }
+            self.established(slot);
             return;
         }
         let from = match side {
