@@ -304,7 +304,7 @@ pub fn summary(c: &Config) -> String {
         "splice off".to_string()
     };
     let relay = format!(
-        "the relay with {threads} (scheduling {}), buffer {} bytes, {splice}",
+        "the relay with {threads}, scheduling {}, buffer {} bytes, {splice}",
         c.runtime.scheduling.name(),
         c.runtime.buffer_size
     );

@@ -357,9 +357,7 @@ fn the_summary_speaks_words_and_human_durations() {
     assert!(s.contains("persistence: 5m"), "{s}");
     assert!(
         s.contains("mode: proxy, the relay with one worker thread per CPU (")
-            && s.contains(
-                ") (scheduling batch), buffer 16384 bytes, splice on (pipe 262144 bytes)"
-            ),
+            && s.contains("), scheduling batch, buffer 16384 bytes, splice on (pipe 262144 bytes)"),
         "{s}"
     );
     let d = parse("[[listener]]\naddress = \"127.0.0.1:80\"\nprotocol = \"udp\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n").unwrap();
@@ -370,7 +368,7 @@ fn the_summary_speaks_words_and_human_durations() {
     let t = parse("[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n[runtime]\nworker-threads = 3\nsplice = false\nscheduling = \"normal\"\n").unwrap();
     let s = rserpool_lsnat::summary(&t);
     assert!(
-        s.contains("mode: proxy, the relay with 3 worker threads (scheduling normal), buffer 16384 bytes, splice off"),
+        s.contains("mode: proxy, the relay with 3 worker threads, scheduling normal, buffer 16384 bytes, splice off"),
         "{s}"
     );
     let base = "[[listener]]\naddress = \"127.0.0.1:80\"\n[pool]\nmembers = [{ address = \"127.0.0.1:81\" }]\n";
