@@ -121,8 +121,9 @@ pub struct RuntimeConfig {
 /// The scheduling policy of the relay workers (sched(7)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Scheduling {
-    /// `SCHED_OTHER`: a worker woken by a socket may preempt the task running on its CPU, and
-    /// on a busy machine it then wakes once per event.
+    /// The policy the process was started with (`SCHED_OTHER` unless started otherwise): a
+    /// worker woken by a socket may preempt the task running on its CPU, and on a busy machine
+    /// it then wakes once per event.
     Normal,
     /// `SCHED_BATCH`: a woken worker runs on an idle CPU at once, but does not preempt a
     /// running task, so on a busy machine it finds several events per wake-up.
