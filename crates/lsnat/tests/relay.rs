@@ -758,22 +758,28 @@ async fn refused_connects_rebind_elsewhere_and_count_against_the_member() {
     gw.shutdown().await;
 }
 
+/// A listener that never accepts, its accept queue filled by the connections returned: the
+/// kernel drops the SYNs that come next (the client sends them again, a second later first).
+fn full_listener() -> (socket2::Socket, SocketAddr, Vec<std::net::TcpStream>) {
+    let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    l.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    l.listen(0).unwrap();
+    let addr = l.local_addr().unwrap().as_socket().unwrap();
+    let queued: Vec<_> = (0..2)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()
+        })
+        .collect();
+    assert!(!queued.is_empty(), "the accept queue could not be filled");
+    (l, addr, queued)
+}
+
 /// A member whose accept queue is full drops SYNs: the relay's connect deadline (not the
 /// kernel's minutes of SYN retries) ends the attempt, and the session is bound elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_that_times_out_rebinds_elsewhere() {
-    let silent = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    silent
-        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
-        .unwrap();
-    silent.listen(0).unwrap();
-    let silent_addr = silent.local_addr().unwrap().as_socket().unwrap();
-    // Fill its accept queue (never accepted): later SYNs are dropped.
-    let _queued: Vec<_> = (0..2)
-        .filter_map(|_| {
-            std::net::TcpStream::connect_timeout(&silent_addr, Duration::from_millis(200)).ok()
-        })
-        .collect();
+    let (_silent, silent_addr, _queued) = full_listener();
     let b = echo().await;
     let gw = gateway(
         &[silent_addr, b.addr],
@@ -1334,17 +1340,7 @@ async fn an_answer_followed_at_once_by_the_end_arrives_whole() {
 /// answer comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handshake_that_completes_later_carries_the_early_bytes() {
-    let slow = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    slow.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
-        .unwrap();
-    slow.listen(0).unwrap();
-    let slow_addr = slow.local_addr().unwrap().as_socket().unwrap();
-    let queued: Vec<_> = (0..2)
-        .filter_map(|_| {
-            std::net::TcpStream::connect_timeout(&slow_addr, Duration::from_millis(200)).ok()
-        })
-        .collect();
-    assert!(!queued.is_empty(), "the accept queue could not be filled");
+    let (slow, slow_addr, queued) = full_listener();
     let gw = gateway(
         &[slow_addr],
         "[timers]\nconnect = \"10s\"\n[health]\nprobe = \"none\"\n",
