@@ -883,13 +883,12 @@ impl Worker {
                     c.member = Some(s);
                     c.attempt += 1;
                     c.connecting = true;
-                    let attempt = c.attempt;
-                    if made {
-                        c.up.readable = true;
-                    }
-                    self.deadlines.push_back((deadline, slot, attempt));
+                    c.up.readable |= made;
                     if made {
                         self.established(slot);
+                    } else {
+                        let attempt = c.attempt;
+                        self.deadlines.push_back((deadline, slot, attempt));
                     }
                     return;
                 }
