@@ -21,8 +21,10 @@ use rand::{Rng, RngCore};
 use receipt::{
     Bound, CandidateInput, FailedAttempt, Outcome, Receipt, RefusalReason, Selected, Side,
 };
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -74,7 +76,8 @@ pub struct FlowKey {
     pub virtual_address: SocketAddr,
 }
 
-/// Idle timers per session state. The defaults are the RFC floors.
+/// Idle timers per session state. The defaults are the RFC floors. `Duration::MAX` is no
+/// timer at all: the data plane owns it (NAT mode, where conntrack's timers end sessions).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Timers {
     /// Established TCP (RFC 5382 REQ-5: at least 2 h 4 min).
@@ -331,7 +334,9 @@ pub struct Gateway {
     members: BTreeMap<MemberId, Member>,
     keys: HashMap<String, MemberId>,
     next_member: u32,
-    sessions: HashMap<SessionId, Session>,
+    /// Boxed: a session (with its receipt) is several hundred bytes, moved on every insert.
+    /// Fx-hashed: the gateway numbers sessions itself, so no peer chooses these keys.
+    sessions: FxHashMap<SessionId, Box<Session>>,
     flows: HashMap<FlowKey, SessionId>,
     next_session: u64,
     active: u32,
@@ -360,7 +365,7 @@ impl Gateway {
             members: BTreeMap::new(),
             keys: HashMap::new(),
             next_member: 0,
-            sessions: HashMap::new(),
+            sessions: FxHashMap::default(),
             flows: HashMap::new(),
             next_session: 1,
             active: 0,
@@ -527,7 +532,7 @@ impl Gateway {
             Protocol::Tcp => SessionState::Connecting,
             Protocol::Udp => SessionState::Udp,
         };
-        let mut session = Session {
+        let mut session = Box::new(Session {
             flow,
             member,
             state,
@@ -537,7 +542,7 @@ impl Gateway {
             persist_key,
             queued: None,
             receipt,
-        };
+        });
         let address = self.bind_to(now, &mut session, member);
         self.active += 1;
         self.flows.insert(flow, id);
@@ -1053,12 +1058,20 @@ impl Gateway {
             if linger {
                 self.counters.linger_skipped += 1;
             }
-            if self.flows.get(&s.flow) == Some(&id) {
-                self.flows.remove(&s.flow);
-            }
+            self.unmap_flow(s.flow, id);
             let member = s.member;
             self.push_recent(s.receipt);
             self.collect_member(member);
+        }
+    }
+
+    /// Removes `flow`'s lookup entry if it still leads to session `id` (a later session of
+    /// the same tuple may have taken it over).
+    fn unmap_flow(&mut self, flow: FlowKey, id: SessionId) {
+        if let Entry::Occupied(e) = self.flows.entry(flow) {
+            if *e.get() == id {
+                e.remove();
+            }
         }
     }
 
@@ -1071,9 +1084,7 @@ impl Gateway {
             if let Some(s) = self.sessions.remove(&id) {
                 self.lingering = self.lingering.saturating_sub(1);
                 self.counters.linger_released += 1;
-                if self.flows.get(&s.flow) == Some(&id) {
-                    self.flows.remove(&s.flow);
-                }
+                self.unmap_flow(s.flow, id);
                 self.collect_member(s.member);
             }
         }
@@ -1222,7 +1233,8 @@ impl Gateway {
             return;
         };
         let d = self.deadline_of(s);
-        if s.queued.is_none_or(|q| d < q) {
+        // Time::MAX: no timer (the data plane's own ends the session), nothing to queue.
+        if d != Time::MAX && s.queued.is_none_or(|q| d < q) {
             self.deadlines.push(Reverse((d, id)));
             if let Some(s) = self.sessions.get_mut(&id) {
                 s.queued = Some(d);
@@ -1233,8 +1245,8 @@ impl Gateway {
 
     /// Drops the deadlines of sessions that ended or were rescheduled earlier, once they
     /// outnumber the live ones: an ended session's entry would otherwise stay until its
-    /// deadline passes (minutes in proxy mode; in NAT mode, where conntrack owns the timers,
-    /// never), and the heap would grow with the connection rate. Amortised O(1) per push.
+    /// deadline passes (hours for an established TCP session), and the heap would grow with
+    /// the connection rate. Amortised O(1) per push.
     fn compact_deadlines(&mut self) {
         if self.deadlines.len() <= 2 * self.sessions.len() + 1024 {
             return;
@@ -1352,9 +1364,6 @@ impl Gateway {
             .map(|m| m.id)
             .ok_or(RefusalReason::NoMember)?;
         self.counters.opened += 1;
-        if let Some(old) = self.flows.get(&flow).copied() {
-            self.release_linger(old);
-        }
         let id = SessionId(self.next_session);
         self.next_session += 1;
         let cap = self.cfg.limits.receipt_candidates;
@@ -1398,7 +1407,7 @@ impl Gateway {
             Protocol::Tcp => SessionState::Connecting,
             Protocol::Udp => SessionState::Udp,
         };
-        let mut session = Session {
+        let mut session = Box::new(Session {
             flow,
             member,
             state,
@@ -1408,10 +1417,13 @@ impl Gateway {
             persist_key: None,
             queued: None,
             receipt,
-        };
+        });
         self.bind_to(now, &mut session, member);
         self.active += 1;
-        self.flows.insert(flow, id);
+        // A reset session of the same tuple still lingering gives way (the flow now leads here).
+        if let Some(old) = self.flows.insert(flow, id) {
+            self.release_linger(old);
+        }
         self.sessions.insert(id, session);
         self.reschedule(id, now);
         Ok(id)

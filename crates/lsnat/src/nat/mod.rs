@@ -29,6 +29,7 @@ use crate::core::{
 use crate::driver::Shared;
 use conntrack::{tcp_state, CtEvent, CtKind};
 use plan::{Family, MemberView, NatListener, Program, TableSettings};
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -88,13 +89,12 @@ pub fn apply(nft: &str, batch: &nftables::schema::Nftables<'_>) -> Result<(), St
 }
 
 /// The core's settings in NAT mode: the kernel's conntrack owns the idle timers (its
-/// `nf_conntrack_*_timeout` values), so the core's own idle timers are pushed out of the way;
-/// sessions end when conntrack destroys them.
+/// `nf_conntrack_*_timeout` values), so the core keeps none (`Duration::MAX`); sessions end
+/// when conntrack destroys them.
 pub fn core_config(mut c: CoreConfig) -> CoreConfig {
-    let far = Duration::from_secs(30 * 86_400);
-    c.timers.tcp_established = far;
-    c.timers.tcp_transitory = far;
-    c.timers.udp = far;
+    c.timers.tcp_established = Duration::MAX;
+    c.timers.tcp_transitory = Duration::MAX;
+    c.timers.udp = Duration::MAX;
     c.timers.tcp_rst_linger = Duration::ZERO;
     c.health.response_timeout = None;
     c.health.close_sessions_on_dead = false;
@@ -920,20 +920,22 @@ fn handle(
     if !ours(&flow) {
         return;
     }
-    if e.kind != CtKind::Destroy && !tracked.contains_key(&flow) {
-        if !e.dnat {
-            stats.untranslated += 1;
-            return;
-        }
-        let Some(member) = e.member else { return };
-        match core.adopt(now, flow, member, by) {
-            Ok(id) => {
-                if e.kind != CtKind::New {
-                    stats.adopted += 1;
-                }
-                tracked.insert(
-                    flow,
-                    Tracked {
+    // One lookup per event: the flow's entry is found (or made) once and kept.
+    let mut entry = match tracked.entry(flow) {
+        Entry::Occupied(o) => o,
+        Entry::Vacant(_) if e.kind == CtKind::Destroy => return,
+        Entry::Vacant(v) => {
+            if !e.dnat {
+                stats.untranslated += 1;
+                return;
+            }
+            let Some(member) = e.member else { return };
+            match core.adopt(now, flow, member, by) {
+                Ok(id) => {
+                    if e.kind != CtKind::New {
+                        stats.adopted += 1;
+                    }
+                    v.insert_entry(Tracked {
                         id,
                         since: now,
                         member,
@@ -942,18 +944,16 @@ fn handle(
                         half_closed: false,
                         tcp_state: None,
                         removed: false,
-                    },
-                );
-            }
-            Err(_) => {
-                stats.unknown_member += 1;
-                return;
+                    })
+                }
+                Err(_) => {
+                    stats.unknown_member += 1;
+                    return;
+                }
             }
         }
-    }
-    let Some(t) = tracked.get_mut(&flow) else {
-        return;
     };
+    let t = entry.get_mut();
     if let Some(s) = e.tcp_state {
         t.tcp_state = Some(s);
     }
@@ -998,9 +998,7 @@ fn handle(
     if e.kind != CtKind::Destroy {
         return;
     }
-    let Some(t) = tracked.remove(&flow) else {
-        return;
-    };
+    let t = entry.remove();
     let to_member = e.to_member.unwrap_or_default();
     let to_client = e.to_client.unwrap_or_default();
     core.activity(
@@ -1282,6 +1280,32 @@ mod tests {
         let r = h.core.recent_outcomes().last().unwrap();
         assert_eq!(r.reached_ms, Some(12));
         assert_eq!(r.outcome, Some(Outcome::Closed));
+    }
+
+    #[test]
+    fn conntrack_owns_the_timers_so_the_core_queues_none_and_ends_nothing() {
+        // A session through the kernel lasts as long as conntrack keeps it (its established
+        // timeout is five days, refreshed by every packet): the core keeps no idle timer for it.
+        let mut h = Harness::new();
+        for port in 41000..41500u16 {
+            h.feed(10, ev(CtKind::New, port, "10.0.2.2:7000"));
+            let mut e = ev(CtKind::Update, port, "10.0.2.2:7000");
+            e.assured = true;
+            e.tcp_state = Some(tcp_state::ESTABLISHED);
+            h.feed(11, e);
+        }
+        assert_eq!(h.core.deadline_entries(), 0, "no timer queued");
+        let year = Duration::from_secs(365 * 86_400);
+        h.core.poll(year);
+        assert_eq!(h.core.active_sessions(), 500);
+        assert_eq!(h.core.recent_outcomes().count(), 0, "nothing ended");
+        let mut e = ev(CtKind::Destroy, 41000, "10.0.2.2:7000");
+        e.tcp_state = Some(tcp_state::TIME_WAIT);
+        e.assured = true;
+        h.feed(year.as_millis() as u64, e);
+        let r = h.core.recent_outcomes().last().unwrap();
+        assert_eq!(r.outcome, Some(Outcome::Closed));
+        assert_eq!(h.core.active_sessions(), 499);
     }
 
     #[test]
