@@ -6,7 +6,7 @@
 //! as raw attributes) are read with `netlink-packet-core`'s attribute iterator.
 
 use crate::core::Protocol;
-use netlink_packet_core::{NetlinkBuffer, NlasIterator};
+use netlink_packet_core::NetlinkBuffer;
 use netlink_packet_netfilter::conntrack::ConntrackMessage;
 use netlink_packet_netfilter::NetfilterMessage;
 use std::net::{IpAddr, SocketAddr};
@@ -185,15 +185,48 @@ const IPS_SEEN_REPLY: u32 = 1 << 1;
 const IPS_ASSURED: u32 = 1 << 2;
 const IPS_DST_NAT: u32 = 1 << 5;
 
-fn malformed(e: netlink_packet_core::DecodeError) -> CtParseError {
-    CtParseError::Malformed(e.to_string())
+/// Mask of an attribute's type without its nested and byte-order flags.
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+/// The attributes of `value`, each checked against the bounds of its parent: (type, value)
+/// pairs. A netlink attribute is a 16-bit length (header included) and a 16-bit type in host
+/// order, then the value, padded to 4 bytes (RFC 3549 §2.3.2). Walked here rather than
+/// through `netlink_packet_core`'s accessors: this is the NAT data plane's per-event path,
+/// and a header that does not fit ends the walk with an error.
+fn attributes(value: &[u8]) -> Attributes<'_> {
+    Attributes { rest: value }
 }
 
-/// The attributes of `value`, each checked against the bounds of its parent.
-fn attributes(
-    value: &[u8],
-) -> impl Iterator<Item = Result<netlink_packet_core::NlaBuffer<&[u8]>, CtParseError>> {
-    NlasIterator::new(value).map(|r| r.map_err(malformed))
+/// The iterator of [`attributes`].
+struct Attributes<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Attributes<'a> {
+    type Item = Result<(u16, &'a [u8]), CtParseError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.rest;
+        if rest.is_empty() {
+            return None;
+        }
+        let header = match rest {
+            [a, b, c, d, ..] => Some((u16::from_ne_bytes([*a, *b]), u16::from_ne_bytes([*c, *d]))),
+            _ => None,
+        };
+        let Some((len, kind)) =
+            header.filter(|(len, _)| (4..=rest.len()).contains(&usize::from(*len)))
+        else {
+            self.rest = &[];
+            return Some(Err(CtParseError::Malformed(format!(
+                "an attribute that does not fit the {} bytes left of its parent",
+                rest.len()
+            ))));
+        };
+        let len = usize::from(len);
+        self.rest = rest.get((len + 3) & !3..).unwrap_or(&[]);
+        Some(Ok((kind & NLA_TYPE_MASK, &rest[4..len])))
+    }
 }
 
 fn ip(v: &[u8]) -> Result<IpAddr, CtParseError> {
@@ -220,30 +253,30 @@ fn be16(v: &[u8], what: &str) -> Result<u16, CtParseError> {
 fn tuple_in_place(value: &[u8]) -> Result<Endpoints, CtParseError> {
     let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, None, None);
     for a in attributes(value) {
-        let a = a?;
-        match a.kind() {
+        let (kind, v) = a?;
+        match kind {
             CTA_TUPLE_IP => {
-                for x in attributes(a.value()) {
-                    let x = x?;
-                    match x.kind() {
-                        CTA_IP_V4_SRC | CTA_IP_V6_SRC => src = Some(ip(x.value())?),
-                        CTA_IP_V4_DST | CTA_IP_V6_DST => dst = Some(ip(x.value())?),
+                for x in attributes(v) {
+                    let (kind, x) = x?;
+                    match kind {
+                        CTA_IP_V4_SRC | CTA_IP_V6_SRC => src = Some(ip(x)?),
+                        CTA_IP_V4_DST | CTA_IP_V6_DST => dst = Some(ip(x)?),
                         _ => {}
                     }
                 }
             }
             CTA_TUPLE_PROTO => {
-                for x in attributes(a.value()) {
-                    let x = x?;
-                    match x.kind() {
+                for x in attributes(v) {
+                    let (kind, x) = x?;
+                    match kind {
                         CTA_PROTO_NUM => {
-                            let n = *x.value().first().ok_or(CtParseError::Malformed(
+                            let n = *x.first().ok_or(CtParseError::Malformed(
                                 "an empty protocol number".into(),
                             ))?;
                             proto = Some(if matches!(n, 6 | 17) { n } else { 0 });
                         }
-                        CTA_PROTO_SRC_PORT => sport = Some(be16(x.value(), "a source port")?),
-                        CTA_PROTO_DST_PORT => dport = Some(be16(x.value(), "a destination port")?),
+                        CTA_PROTO_SRC_PORT => sport = Some(be16(x, "a source port")?),
+                        CTA_PROTO_DST_PORT => dport = Some(be16(x, "a destination port")?),
                         _ => {}
                     }
                 }
@@ -285,9 +318,8 @@ fn event_in_place(
     let mut to_client = None;
     let mut id = None;
     for a in attributes(attrs) {
-        let a = a?;
-        let v = a.value();
-        match a.kind() {
+        let (kind, v) = a?;
+        match kind {
             CTA_TUPLE_ORIG => orig = Some(tuple_in_place(v)?),
             CTA_TUPLE_REPLY => reply = Some(tuple_in_place(v)?),
             CTA_STATUS => {
@@ -299,14 +331,14 @@ fn event_in_place(
             }
             CTA_PROTOINFO => {
                 for p in attributes(v) {
-                    let p = p?;
-                    if p.kind() != CTA_PROTOINFO_TCP {
+                    let (kind, p) = p?;
+                    if kind != CTA_PROTOINFO_TCP {
                         continue;
                     }
-                    for t in attributes(p.value()) {
-                        let t = t?;
-                        let first = t.value().first().copied();
-                        match t.kind() {
+                    for t in attributes(p) {
+                        let (kind, t) = t?;
+                        let first = t.first().copied();
+                        match kind {
                             CTA_PROTOINFO_TCP_STATE => tcp_state = first,
                             CTA_PROTOINFO_TCP_FLAGS_ORIGINAL => orig_flags = first,
                             CTA_PROTOINFO_TCP_FLAGS_REPLY => reply_flags = first,
@@ -365,11 +397,10 @@ type Endpoints = (
 
 fn counter(value: &[u8]) -> Counter {
     let mut c = Counter::default();
-    for nla in NlasIterator::new(value).flatten() {
-        let v = nla.value();
+    for (kind, v) in attributes(value).map_while(Result::ok) {
         if v.len() >= 8 {
             let n = u64::from_be_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]]);
-            match nla.kind() {
+            match kind {
                 CTA_COUNTERS_PACKETS => c.packets = n,
                 CTA_COUNTERS_BYTES => c.bytes = n,
                 _ => {}
