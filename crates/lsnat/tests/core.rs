@@ -861,3 +861,56 @@ fn a_session_bound_to_a_dead_member_in_panic_mode_is_lost_on_the_next_failure() 
     assert_eq!(g.outcome_count("member_lost"), 1);
     assert_eq!(g.member_sessions(m1), Some(0));
 }
+
+#[test]
+fn flow_keys_hash_by_every_field_of_the_tuple() {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    fn h(k: &FlowKey) -> u64 {
+        let mut s = DefaultHasher::new();
+        k.hash(&mut s);
+        s.finish()
+    }
+    let base = flow(40000);
+    assert_eq!(h(&base), h(&flow(40000)));
+    let v6 = |client: &str, vip: &str| FlowKey {
+        protocol: Protocol::Tcp,
+        client: client.parse().unwrap(),
+        virtual_address: vip.parse().unwrap(),
+    };
+    let variants = [
+        flow(40001),
+        flow_from([192, 0, 2, 2], 40000),
+        FlowKey {
+            protocol: Protocol::Udp,
+            ..base
+        },
+        FlowKey {
+            virtual_address: SocketAddr::from(([203, 0, 113, 1], 81)),
+            ..base
+        },
+        FlowKey {
+            virtual_address: SocketAddr::from(([203, 0, 113, 2], 80)),
+            ..base
+        },
+        // The client's address and port swapped with the virtual ones.
+        FlowKey {
+            client: base.virtual_address,
+            virtual_address: base.client,
+            ..base
+        },
+        v6("[2001:db8::1]:40000", "[2001:db8::80]:80"),
+        v6("[2001:db8::1]:40000", "[2001:db8::81]:80"),
+    ];
+    let mut seen: Vec<u64> = vec![h(&base)];
+    for k in &variants {
+        assert_ne!(*k, base);
+        seen.push(h(k));
+    }
+    let n = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "every tuple hashes apart");
+    // Equal keys hash equal whatever the IPv6 scope (which Eq compares and the hash leaves out).
+    let a = v6("[fe80::1%2]:40000", "[fe80::80%2]:80");
+    assert_eq!(h(&a), h(&a.clone()));
+}
