@@ -54,10 +54,32 @@ pub enum Protocol {
     Udp,
 }
 
+impl Protocol {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// What identifies a session at the virtual address: RFC 2391's (client address, client port,
+/// virtual address, virtual port) plus the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct FlowKey {
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// Client address and port.
+    pub client: SocketAddr,
+    /// Virtual address and port.
+    pub virtual_address: SocketAddr,
+}
+
 /// The tuple packed and hashed in one write: the flow maps are keyed by peers' addresses, so
 /// they keep the standard keyed hasher, whose cost is per call as well as per byte (the
-/// derived hash made about a dozen calls per key). Equal keys pack alike (an IPv6 address's
-/// flow label and scope, compared by `Eq`, are left out of the hash, never the other way).
+/// derived hash made about a dozen calls per key). Keys equal under `Eq` always pack alike;
+/// an IPv6 address's flow label and scope id, which `Eq` also compares, are not hashed.
 impl std::hash::Hash for FlowKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let mut packed = [0u8; 1 + 2 * 19];
@@ -84,28 +106,6 @@ impl std::hash::Hash for FlowKey {
         }
         state.write(&packed[..n]);
     }
-}
-
-impl Protocol {
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-        }
-    }
-}
-
-/// What identifies a session at the virtual address: RFC 2391's (client address, client port,
-/// virtual address, virtual port) plus the protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct FlowKey {
-    /// TCP or UDP.
-    pub protocol: Protocol,
-    /// Client address and port.
-    pub client: SocketAddr,
-    /// Virtual address and port.
-    pub virtual_address: SocketAddr,
 }
 
 /// Idle timers per session state. The defaults are the RFC floors. `Duration::MAX` is no

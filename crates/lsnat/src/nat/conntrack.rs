@@ -2,8 +2,9 @@
 //! each session. NEW is the binding, an update with a reply seen is the member answering,
 //! DESTROY carries the connection's counters and last state (the outcome).
 //!
-//! Messages are decoded with `netlink-packet-netfilter`; the counters (which that crate leaves
-//! as raw attributes) are read with `netlink-packet-core`'s attribute iterator.
+//! Events and dumps are decoded in place by a walk of their netlink attributes (the per-event
+//! path of NAT mode); `netlink-packet-netfilter` builds the requests (dump, removal) and is,
+//! in the tests, the full decode the walk is checked against.
 
 use crate::core::Protocol;
 use netlink_packet_core::NetlinkBuffer;
