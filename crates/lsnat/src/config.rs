@@ -487,6 +487,28 @@ impl Checker {
         }
     }
 
+    /// One of `options` by its spelling (`default` when unset); anything else is refused
+    /// naming the field and listing the spellings.
+    fn choice<T: Copy>(
+        &self,
+        field: &str,
+        v: Option<&str>,
+        default: T,
+        options: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let Some(v) = v else { return Ok(default) };
+        if let Some((_, t)) = options.iter().find(|(name, _)| *name == v) {
+            return Ok(*t);
+        }
+        let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+        let listed = match names.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        Err(self.err(field, format!("{v:?} is not {listed}")))
+    }
+
     fn duration(
         &self,
         field: &str,
@@ -627,18 +649,16 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         return Err(c.err("nat.event-interval", "must be at most 1s"));
     }
     use crate::nat::plan::NatEvents;
-    let events = match r.events.as_deref() {
-        None => d.events,
-        Some("answer") => NatEvents::Answer,
-        Some("end") => NatEvents::End,
-        Some("all") => NatEvents::All,
-        Some(other) => {
-            return Err(c.err(
-                "nat.events",
-                format!("{other:?} is not \"answer\", \"end\" or \"all\""),
-            ))
-        }
-    };
+    let events = c.choice(
+        "nat.events",
+        r.events.as_deref(),
+        d.events,
+        &[
+            ("answer", NatEvents::Answer),
+            ("end", NatEvents::End),
+            ("all", NatEvents::All),
+        ],
+    )?;
     Ok(NatConfig {
         table,
         source_nat,
@@ -847,17 +867,17 @@ impl Config {
                 for (i, a) in r.registrars.iter().enumerate() {
                     registrars.push(c.addr(&format!("pool.rserpool.registrars[{i}]"), a)?);
                 }
-                let transport = match r.transport.as_deref().unwrap_or("auto") {
-                    "auto" => rserpool_transport::TransportChoice::Auto,
-                    "sctp" => rserpool_transport::TransportChoice::Sctp,
-                    "tcp" => rserpool_transport::TransportChoice::Tcp,
-                    other => {
-                        return Err(c.err(
-                            "pool.rserpool.transport",
-                            format!("{other:?} is not \"auto\", \"sctp\" or \"tcp\""),
-                        ))
-                    }
-                };
+                use rserpool_transport::TransportChoice;
+                let transport = c.choice(
+                    "pool.rserpool.transport",
+                    r.transport.as_deref(),
+                    TransportChoice::Auto,
+                    &[
+                        ("auto", TransportChoice::Auto),
+                        ("sctp", TransportChoice::Sctp),
+                        ("tcp", TransportChoice::Tcp),
+                    ],
+                )?;
                 let refresh =
                     c.duration("pool.rserpool.refresh", &r.refresh, Duration::from_secs(1))?;
                 if refresh < Duration::from_millis(10) {
@@ -898,16 +918,15 @@ impl Config {
                 "\"pool\" (the pool's own RSerPool policy) needs an RSerPool member source; static members carry no RSerPool policy values. Choose e.g. \"weighted-round-robin\" or \"least-sessions\"",
             ));
         }
-        let traffic_metric = match raw.pool.traffic_metric.as_deref() {
-            None | Some("bytes") => TrafficMetric::Bytes,
-            Some("packets") => TrafficMetric::Packets,
-            Some(o) => {
-                return Err(c.err(
-                    "pool.traffic_metric",
-                    format!("{o:?} is not \"bytes\" or \"packets\""),
-                ))
-            }
-        };
+        let traffic_metric = c.choice(
+            "pool.traffic_metric",
+            raw.pool.traffic_metric.as_deref(),
+            TrafficMetric::Bytes,
+            &[
+                ("bytes", TrafficMetric::Bytes),
+                ("packets", TrafficMetric::Packets),
+            ],
+        )?;
         let traffic_window = c.duration(
             "pool.traffic_window",
             &raw.pool.traffic_window,
@@ -1052,16 +1071,15 @@ impl Config {
             },
             send,
             expect,
-            close: match h.close.as_deref() {
-                None | Some("graceful") => ProbeClose::Graceful,
-                Some("reset") => ProbeClose::Reset,
-                Some(o) => {
-                    return Err(c.err(
-                        "health.close",
-                        format!("{o:?} is not \"graceful\" or \"reset\""),
-                    ))
-                }
-            },
+            close: c.choice(
+                "health.close",
+                h.close.as_deref(),
+                ProbeClose::Graceful,
+                &[
+                    ("graceful", ProbeClose::Graceful),
+                    ("reset", ProbeClose::Reset),
+                ],
+            )?,
         };
         if probe.interval.is_zero() || probe.timeout.is_zero() {
             return Err(c.err(
@@ -1248,16 +1266,12 @@ impl Config {
             )?,
             tick,
             report_interval: (smallest / 8).clamp(Duration::from_millis(5), Duration::from_secs(1)),
-            scheduling: match r.scheduling.as_deref() {
-                None | Some("batch") => Scheduling::Batch,
-                Some("normal") => Scheduling::Normal,
-                Some(other) => {
-                    return Err(c.err(
-                        "runtime.scheduling",
-                        format!("{other:?} is not \"batch\" or \"normal\""),
-                    ))
-                }
-            },
+            scheduling: c.choice(
+                "runtime.scheduling",
+                r.scheduling.as_deref(),
+                Scheduling::Batch,
+                &[("batch", Scheduling::Batch), ("normal", Scheduling::Normal)],
+            )?,
         };
 
         // What would bite at run time, refused or warned about now.
@@ -1311,13 +1325,12 @@ impl Config {
         let mut all_warnings = c.warnings.take();
         all_warnings.extend(warnings);
         let warnings = all_warnings;
-        let mode = match raw.mode.as_deref().map(str::trim) {
-            None | Some("proxy") => Mode::Proxy,
-            Some("nat") => Mode::Nat,
-            Some(other) => {
-                return Err(c.err("mode", format!("{other:?} is not \"proxy\" or \"nat\"")))
-            }
-        };
+        let mode = c.choice(
+            "mode",
+            raw.mode.as_deref().map(str::trim),
+            Mode::Proxy,
+            &[("proxy", Mode::Proxy), ("nat", Mode::Nat)],
+        )?;
         let nat = check_nat(&c, &raw.nat)?;
         if mode == Mode::Nat {
             let ls: Vec<SocketAddr> = listeners.iter().map(|l| l.address).collect();
