@@ -5,8 +5,8 @@
 //! hands a new one to a waiting worker with fewer sessions (`balance`). A session costs no
 //! task, no timer and no waker: its two sockets are registered once for reading and writing
 //! (two `epoll_ctl` calls) and leave epoll by being closed; the connect deadline sits in a
-//! queue that is in deadline order by construction (one timeout for every connect). The
-//! workers run under `SCHED_BATCH` unless `runtime.scheduling` says otherwise: on a busy
+//! queue that is in deadline order by construction (one timeout for every connect still in
+//! progress when it returns). The workers run under `SCHED_BATCH` unless `runtime.scheduling` says otherwise: on a busy
 //! machine a woken worker waits for the running task's turn and then finds several events,
 //! instead of preempting it for each one. Every decision is the core's; this module moves
 //! bytes and reports what the sockets said.
