@@ -320,20 +320,46 @@ pub fn summary(c: &Config) -> String {
     } else {
         human(c.core.persistence.timeout)
     };
+    let relay_limits = format!(
+        "{} sessions, {} per member",
+        c.core.limits.max_sessions, c.core.limits.max_sessions_per_member
+    );
+    let relay_timers = format!(
+        "tcp established {}, tcp transitory {}, rst linger {}, udp {}",
+        human(c.core.timers.tcp_established),
+        human(c.core.timers.tcp_transitory),
+        human(c.core.timers.tcp_rst_linger),
+        human(c.core.timers.udp)
+    );
+    // In NAT mode conntrack holds the sessions and times them out; the relay's limits and
+    // timers apply only if the gateway falls back to it (docs/lsnat.md, "NAT mode").
+    let (limits, timers) = match c.mode {
+        config::Mode::Proxy => (relay_limits, relay_timers),
+        config::Mode::Nat => {
+            let kernel_limits = "conntrack's table (net.netfilter.nf_conntrack_max) and each member's own max-sessions";
+            let kernel_timers = "conntrack's (net.netfilter.nf_conntrack_*_timeout*)";
+            if c.nat.required {
+                (kernel_limits.to_string(), kernel_timers.to_string())
+            } else {
+                (
+                    format!("{kernel_limits}; the relay's if it falls back: {relay_limits}"),
+                    format!("{kernel_timers}; the relay's if it falls back: {relay_timers}"),
+                )
+            }
+        }
+    };
+    let nat = match c.mode {
+        config::Mode::Proxy => String::new(),
+        config::Mode::Nat => format!("\nnat: {}", nat::describe(&c.nat)),
+    };
     format!(
-        "listeners: {}\npolicy: {}\nmembers: {}\nprobe: {probe}, fall {}, rise {}, slow start {}\nlimits: {} sessions, {} per member\ntimers: tcp established {}, tcp transitory {}, rst linger {}, udp {}\npersistence: {persistence}\nmode: {mode}\nmetrics: {}",
+        "listeners: {}\npolicy: {}\nmembers: {}\nprobe: {probe}, fall {}, rise {}, slow start {}\nlimits: {limits}\ntimers: {timers}\npersistence: {persistence}\nmode: {mode}{nat}\nmetrics: {}",
         listeners.join(", "),
         c.core.policy.name(),
         members.join(", "),
         c.core.health.liveness.fall,
         c.core.health.liveness.rise,
         human(c.core.health.liveness.slow_start),
-        c.core.limits.max_sessions,
-        c.core.limits.max_sessions_per_member,
-        human(c.core.timers.tcp_established),
-        human(c.core.timers.tcp_transitory),
-        human(c.core.timers.tcp_rst_linger),
-        human(c.core.timers.udp),
         c.status
             .map(|s| format!("http://{s}/metrics"))
             .unwrap_or_else(|| "off".into()),

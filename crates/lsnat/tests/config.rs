@@ -384,4 +384,41 @@ fn the_summary_speaks_words_and_human_durations() {
         s.contains("mode: nat (the kernel translates; without it the gateway does not start)"),
         "{s}"
     );
+    // NAT mode says whose limits and timers hold: conntrack's, the relay's only on fallback.
+    assert!(
+        s.contains("\nlimits: conntrack's table (net.netfilter.nf_conntrack_max) and each member's own max-sessions\n"),
+        "{s}"
+    );
+    assert!(
+        s.contains("\ntimers: conntrack's (net.netfilter.nf_conntrack_*_timeout*)\n"),
+        "{s}"
+    );
+    assert!(
+        s.contains("\nnat: table rserpool_lsnat, events answer (read every 5ms under load, socket buffer 8388608 bytes growing to 268435456, filter on), conntrack accounting on, source-nat off, map of up to 256 slots refreshed every 100ms\n"),
+        "{s}"
+    );
+    let s = rserpool_lsnat::summary(
+        &parse(&format!(
+            "mode = \"nat\"\n{base}[nat]\nsource-nat = \"masquerade\"\nevent-interval = \"0s\"\nevents = \"end\"\n"
+        ))
+        .unwrap(),
+    );
+    assert!(
+        s.contains("; the relay's if it falls back: 10000 sessions, 16384 per member\n"),
+        "{s}"
+    );
+    assert!(
+        s.contains("; the relay's if it falls back: tcp established 2h 4m,"),
+        "{s}"
+    );
+    assert!(
+        s.contains("events end (read as they arrive,") && s.contains("source-nat masquerade,"),
+        "{s}"
+    );
+    let s = rserpool_lsnat::summary(&parse(base).unwrap());
+    assert!(!s.contains("\nnat:") && !s.contains("conntrack"), "{s}");
+    assert!(
+        s.contains("\nlimits: 10000 sessions, 16384 per member\n"),
+        "{s}"
+    );
 }

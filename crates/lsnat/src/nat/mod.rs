@@ -1089,11 +1089,24 @@ fn handle(
     }
 }
 
-/// A NAT configuration's one-line description for start-up messages.
+/// A NAT configuration in one line, for the start-up log and `--check`.
 pub fn describe(n: &NatConfig) -> String {
+    let events = if n.event_interval.is_zero() {
+        "read as they arrive".to_string()
+    } else {
+        format!("read every {} under load", crate::human(n.event_interval))
+    };
     format!(
-        "table {}, source NAT {:?}, map refreshed every {:?}, at most {} slots",
-        n.table, n.source_nat, n.refresh, n.max_slots
+        "table {}, events {} ({events}, socket buffer {} bytes growing to {}, filter {}), conntrack accounting {}, source-nat {}, map of up to {} slots refreshed every {}",
+        n.table,
+        n.events.name(),
+        n.event_buffer,
+        n.event_buffer_max,
+        if n.event_filter { "on" } else { "off" },
+        if n.conntrack_accounting { "on" } else { "off" },
+        n.source_nat,
+        n.max_slots,
+        crate::human(n.refresh)
     )
 }
 

@@ -46,6 +46,17 @@ pub enum SourceNat {
     To(IpAddr),
 }
 
+/// As `nat.source-nat` spells it.
+impl std::fmt::Display for SourceNat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceNat::Off => f.write_str("off"),
+            SourceNat::Masquerade => f.write_str("masquerade"),
+            SourceNat::To(a) => write!(f, "{a}"),
+        }
+    }
+}
+
 /// The address family of a table, its listeners and its members.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
