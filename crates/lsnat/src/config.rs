@@ -653,11 +653,7 @@ fn check_nat(c: &Checker, r: &RawNat) -> Result<NatConfig, ConfigError> {
         "nat.events",
         r.events.as_deref(),
         d.events,
-        &[
-            ("answer", NatEvents::Answer),
-            ("end", NatEvents::End),
-            ("all", NatEvents::All),
-        ],
+        &[NatEvents::Answer, NatEvents::End, NatEvents::All].map(|e| (e.name(), e)),
     )?;
     Ok(NatConfig {
         table,
@@ -1270,7 +1266,7 @@ impl Config {
                 "runtime.scheduling",
                 r.scheduling.as_deref(),
                 Scheduling::Batch,
-                &[("batch", Scheduling::Batch), ("normal", Scheduling::Normal)],
+                &[Scheduling::Batch, Scheduling::Normal].map(|p| (p.name(), p)),
             )?,
         };
 
