@@ -297,7 +297,14 @@ impl Stats {
 
     /// Adds the counters (`rserpool_lsnat_nat_*`) to a scrape.
     pub fn encode(&self, m: &mut rserpool_observe::MetricSet) {
-        for (name, help, value) in [
+        for (name, help, value) in self.counters() {
+            m.counter(&format!("rserpool_lsnat_nat_{name}"), help, value);
+        }
+    }
+
+    /// Each counter's metric name (after `rserpool_lsnat_nat_`), help text and value.
+    fn counters(&self) -> [(&'static str, &'static str, u64); 11] {
+        [
             ("events_total", "Conntrack events read.", self.events),
             ("sessions_adopted_total", "Sessions learned from a conntrack dump (bound before a restart or while events were lost).", self.adopted),
             ("untranslated_total", "Connections to the virtual address the kernel did not translate.", self.untranslated),
@@ -309,9 +316,17 @@ impl Stats {
             ("resyncs_total", "Conntrack table dumps read (at start and after lost events).", self.resyncs),
             ("sessions_ended_unobserved_total", "Sessions conntrack forgot while events were lost (outcome unknown).", self.ended_unobserved),
             ("sessions_removed_dead_total", "Sessions of members judged dead removed from conntrack (TCP ones the member never answered, UDP flows), so that the client's next packet is chosen anew.", self.removed_dead),
-        ] {
-            m.counter(&format!("rserpool_lsnat_nat_{name}"), help, value);
+        ]
+    }
+}
+
+/// The counters as `name=value` pairs, named as in `/metrics`: the line logged at exit.
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, _, value)) in self.counters().into_iter().enumerate() {
+            write!(f, "{}{name}={value}", if i == 0 { "" } else { " " })?;
         }
+        Ok(())
     }
 }
 
@@ -757,7 +772,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
             }
         }
     }
-    tracing::info!(?stats, "NAT data plane stopped");
+    tracing::info!(counters = %stats, "NAT data plane stopped");
 }
 
 /// Once the maps no longer hold a member judged dead, conntrack forgets its unanswered
@@ -1722,6 +1737,22 @@ mod stats_tests {
         assert!(out.contains("\nrserpool_lsnat_nat_events_lost_total 1\n"));
         assert!(out.contains("\nrserpool_lsnat_nat_resyncs_total 0\n"));
         assert_eq!(out.lines().filter(|l| !l.starts_with('#')).count(), 11);
+    }
+
+    #[test]
+    fn the_exit_line_names_each_counter_as_metrics_do() {
+        let s = Stats {
+            events: 6,
+            removed_dead: 2,
+            ..Stats::default()
+        };
+        let line = s.to_string();
+        assert!(
+            line.starts_with("events_total=6 sessions_adopted_total=0 "),
+            "{line}"
+        );
+        assert!(line.ends_with(" sessions_removed_dead_total=2"), "{line}");
+        assert_eq!(line.split(' ').count(), 11);
     }
 }
 
