@@ -320,7 +320,7 @@ impl Stats {
     }
 }
 
-/// The counters as `name=value` pairs, named as in `/metrics`: the line logged at exit.
+/// The counters as `name=value` pairs, named as in `/metrics`: what the exit line logs.
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (i, (name, _, value)) in self.counters().into_iter().enumerate() {
@@ -515,7 +515,6 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
     tracing::info!(
         tables = %tables.join(", "),
         policy = %policy,
-        fidelity = ?fid,
         "NAT mode: the kernel translates packets; policy {} {}",
         policy,
         match fid {
@@ -772,7 +771,7 @@ pub(crate) async fn run(shared: Arc<Shared>, prepared: Prepared, mut stop: watch
             }
         }
     }
-    tracing::info!(counters = %stats, "NAT data plane stopped");
+    tracing::info!("NAT data plane stopped: {stats}");
 }
 
 /// Once the maps no longer hold a member judged dead, conntrack forgets its unanswered
